@@ -1,0 +1,5 @@
+import sys
+
+from kljax.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Gradient-bias studies of KL configurations: toy policies, exact enumeration, Monte Carlo."""

@@ -1,0 +1,55 @@
+"""The `kljax` command line: one subcommand per job, each in its own module.
+
+A subcommand module provides `configure(parser: argparse.ArgumentParser) -> None` and
+`run(args: argparse.Namespace) -> int`. Heavy imports (torch, transformers) stay inside `run`, so
+`kljax --help` is fast. The table below is the only place that names them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "kl-configs": ("kljax.kl_table", "print every KL configuration and what its gradient is"),
+    "bias-study": ("kljax.bias.cli", "exact and Monte-Carlo gradient bias/variance of KL configurations"),
+    "convert": ("kljax.models.cli_convert", "convert a Hugging Face checkpoint to kljax (and back)"),
+    "generate": ("kljax.models.cli_generate", "generate text from a model directory"),
+}
+
+
+def _available() -> dict[str, tuple[str, str]]:
+    """Commands whose module exists in this installation."""
+    found = {}
+    for name, (module, help_text) in COMMANDS.items():
+        if importlib.util.find_spec(module) is not None:
+            found[name] = (module, help_text)
+    return found
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kljax",
+        description="KL-regularized RL fine-tuning of LLMs in JAX, and gradient-bias studies of KL estimators.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in _available().items():
+        cmd = sub.add_parser(name, help=help_text, description=help_text)
+        importlib.import_module(module).configure(cmd)
+        cmd.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    return int(importlib.import_module(args._module).run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
