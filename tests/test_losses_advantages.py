@@ -1,0 +1,161 @@
+"""Loss aggregation and policy surrogates against direct numpy; group baselines; config validation."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kljax import advantages as adv
+from kljax import losses
+from kljax.cli import main as cli_main
+from kljax.kl import KLBiasWarning, KLConfig, adapt_beta, describe, warn_if_biased
+
+RNG = np.random.default_rng(0)
+VALUES = RNG.normal(size=(4, 6)).astype(np.float32)
+MASK = np.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]], np.float32)
+
+
+def numpy_aggregate(v, m, mode, max_len=None):
+    if mode == "token-mean":
+        return (v * m).sum() / m.sum()
+    if mode == "seq-mean-token-mean":
+        return np.mean([(v[i] * m[i]).sum() / max(m[i].sum(), 1) for i in range(len(v))])
+    if mode == "seq-mean-token-sum":
+        return (v * m).sum() / len(v)
+    return (v * m).sum() / (max_len or v.shape[1]) / len(v)
+
+
+@pytest.mark.parametrize("mode", losses.AGGREGATIONS)
+def test_aggregation_against_numpy(mode):
+    total, denom = losses.aggregate(VALUES, MASK, mode)
+    np.testing.assert_allclose(total / denom, numpy_aggregate(VALUES, MASK, mode), rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", losses.AGGREGATIONS)
+def test_aggregation_is_additive_over_micro_batches(mode):
+    """Summing (sum, denominator) over micro-batches gives the full-batch loss (gradient accumulation)."""
+    full = losses.aggregate(VALUES, MASK, mode, max_len=6)
+    parts = [losses.aggregate(VALUES[i : i + 2], MASK[i : i + 2], mode, max_len=6) for i in (0, 2)]
+    np.testing.assert_allclose(sum(p[0] for p in parts) / sum(p[1] for p in parts), full[0] / full[1], rtol=1e-5)
+
+
+def test_aggregation_unknown_mode():
+    with pytest.raises(ValueError, match="token-mean"):
+        losses.aggregate(VALUES, MASK, "mean")
+
+
+def test_safe_divide_empty_batch():
+    assert float(losses.safe_divide(jnp.asarray(0.0), jnp.asarray(0.0))) == 0.0
+
+
+def test_policy_loss_clipping_against_numpy():
+    logp = RNG.normal(size=(3, 4)).astype(np.float32) - 1
+    old = logp + RNG.normal(size=(3, 4)).astype(np.float32) * 0.3
+    a = RNG.normal(size=(3, 4)).astype(np.float32)
+    m = np.ones((3, 4), np.float32)
+    loss, clipped = losses.policy_loss(logp, old, a, m, clip_low=0.1, clip_high=0.3)
+    r = np.exp(logp - old)
+    expected = -np.minimum(r * a, np.clip(r, 0.9, 1.3) * a)
+    np.testing.assert_allclose(loss, expected, rtol=1e-5)
+    np.testing.assert_array_equal(clipped, (np.clip(r, 0.9, 1.3) * a < r * a).astype(np.float32))
+    # On-policy, unclipped: the gradient is -A grad log pi.
+    g = jax.grad(lambda lp: jnp.sum(losses.policy_loss(lp, lp, a, m, clip_low=None)[0]))(jnp.asarray(logp))
+    np.testing.assert_allclose(g, -a, rtol=1e-6)
+
+
+def test_rloo_grpo_dr_grpo_against_numpy():
+    r = np.array([1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5], np.float32)
+    g = r.reshape(2, 4)
+    loo = (g.sum(1, keepdims=True) - g) / 3
+    np.testing.assert_allclose(adv.advantages(r, 4, "rloo"), (g - loo).reshape(-1), rtol=1e-6)
+    grpo = (g - g.mean(1, keepdims=True)) / (g.std(1, ddof=1, keepdims=True) + 1e-6)
+    np.testing.assert_allclose(adv.advantages(r, 4, "grpo"), grpo.reshape(-1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(adv.advantages(r, 4, "dr_grpo"), (g - g.mean(1, keepdims=True)).reshape(-1))
+    # A group whose rewards are all equal gives zero advantage, never nan.
+    for method in adv.METHODS:
+        out = adv.advantages(r, 4, method)[4:]
+        assert bool(jnp.all(out == 0)), method
+
+
+def test_token_advantages_fold_the_penalty():
+    task = jnp.asarray([1.0, 0.0, 1.0, 0.0])
+    pen_b = jnp.asarray([0.5, 0.2, 0.1, 0.4])
+    pen_bt = jnp.asarray([[0.5, 0.3], [0.2, 0.1], [0.1, 0.0], [0.4, 0.4]])
+    a = adv.token_advantages(task, pen_bt, pen_b, beta=0.5, group_size=2, method="rloo")
+    returns = task - 0.5 * pen_b
+    base = jnp.asarray([returns[1], returns[0], returns[3], returns[2]])
+    np.testing.assert_allclose(a, task[:, None] - 0.5 * pen_bt - base[:, None], rtol=1e-6)
+
+
+def test_advantage_errors():
+    with pytest.raises(ValueError, match="group_size >= 2"):
+        adv.advantages(jnp.zeros(4), 1, "rloo")
+    with pytest.raises(ValueError, match="whole number of groups"):
+        adv.advantages(jnp.zeros(5), 2, "rloo")
+    with pytest.raises(ValueError, match="rloo"):
+        adv.advantages(jnp.zeros(4), 2, "ppo")
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"estimator": "k4"}, r"kl\.estimator='k4'.*'k1'"),
+        ({"placement": "everywhere"}, r"kl\.placement.*'reward'"),
+        ({"beta": -0.1}, r"kl\.beta=-0\.1"),
+        ({"placement": "loss", "credit": "reward_to_go"}, r"kl\.credit='reward_to_go'.*placement 'reward'"),
+        ({"off_policy": "sequence_weight", "truncation": 1.0}, r"kl\.truncation=1\.0 must be > 1"),
+        ({"off_policy": "sequence_weight", "truncation": 0.5}, r"kl\.truncation"),
+        ({"truncation": 5.0}, r"kl\.truncation=5\.0.*sequence_weight"),
+        ({"scope": "sequence", "estimator": "full"}, r"kl\.scope='sequence'"),
+        ({"off_policy": "importance"}, r"kl\.off_policy.*'token_ratio'"),
+        ({"placement": "reward", "off_policy": "token_ratio"}, r"kl\.off_policy='token_ratio'"),
+        ({"target_kl": 0.0}, r"kl\.target_kl"),
+    ],
+)
+def test_invalid_configs_name_field_and_choices(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        KLConfig(**kwargs)
+
+
+def test_from_mapping_rejects_unknown_fields():
+    assert KLConfig.from_mapping({"estimator": "k3", "placement": "loss"}) == KLConfig("k3", "loss")
+    with pytest.raises(ValueError, match="unknown kl config field.*estimatr"):
+        KLConfig.from_mapping({"estimatr": "k3"})
+
+
+def test_biased_configs_warn_and_unbiased_do_not():
+    with pytest.warns(KLBiasWarning, match="regularizes nothing"):
+        warn_if_biased(KLConfig("k1", "loss"))
+    with pytest.warns(KLBiasWarning, match="is biased"):
+        warn_if_biased(KLConfig("k3", "loss"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_if_biased(KLConfig("k1", "reward"))
+        warn_if_biased(KLConfig(placement="none"))
+    assert describe(KLConfig("k3", "reward")).warning is not None
+
+
+def test_adaptive_beta_moves_toward_target():
+    c = KLConfig(beta=0.1, target_kl=1.0, adapt_horizon=10)
+    assert float(adapt_beta(0.1, 2.0, c)) > 0.1
+    assert float(adapt_beta(0.1, 0.5, c)) < 0.1
+    np.testing.assert_allclose(adapt_beta(0.1, 100.0, c), 0.1 * (1 + 0.2 / 10), rtol=1e-6)
+    assert float(adapt_beta(0.1, 5.0, KLConfig(beta=0.1))) == pytest.approx(0.1)
+
+
+def test_kl_configs_cli_json(capsys):
+    assert cli_main(["kl-configs", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    by_name = {r["name"]: r for r in rows}
+    for row in rows:
+        assert {"name", "estimator", "placement", "gradient", "unbiased"} <= set(row)
+    assert by_name["k1-reward"]["unbiased"] is True
+    assert by_name["k1-loss"]["gradient"].startswith("zero in expectation")
+    assert by_name["k3-loss"]["unbiased"] is False
+    assert cli_main(["kl-configs"]) == 0
+    assert "k3-loss" in capsys.readouterr().out
