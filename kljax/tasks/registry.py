@@ -1,0 +1,75 @@
+"""Task names -> constructors, in one table.
+
+    get_task("arithmetic")                      generated: train, test, ood_digits, ood_ops
+    get_task("countdown")                       generated: train, test, ood_numbers
+    get_task("dm_math")                         generated (needs `mathematics_dataset`): train, test, ood
+    get_task("math", data_dir=...)             loaded: train (MATH), test (MATH500)
+    get_task("math500")                         loaded: test
+    get_task("gsm8k")                           loaded: train, test
+    get_task("mmlu", subject="college_physics") loaded: test (any MMLU STEM subject)
+    get_task("mmlu_college_physics")            and _chemistry, _biology: the paper's OOD sets
+    get_task("repeat_digit")                    toy task for tiny models (kljax/tasks/toy.py): train, test
+
+A spec "name:split" (e.g. "arithmetic:ood_ops", "gsm8k:test") names a task and one of its splits:
+`parse_task_spec`. Unknown names and splits are ValueErrors that list the valid ones.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from kljax.tasks.arithmetic import ArithmeticTask
+from kljax.tasks.base import Task
+from kljax.tasks.benchmarks import GSM8KTask, Math500Task, MathTask, MMLUTask
+from kljax.tasks.countdown import CountdownTask
+
+
+def _repeat_digit(**kwargs: Any) -> Task:
+    from kljax.tasks.toy import RepeatDigitTask  # the trainer's toy task (kljax/tasks/toy.py)
+
+    return RepeatDigitTask(**kwargs)
+
+
+def _dm_math(**kwargs: Any) -> Task:
+    from kljax.tasks.dm_math import DeepMindMathTask
+
+    return DeepMindMathTask(**kwargs)
+
+
+TASKS: dict[str, Callable[..., Task]] = {
+    "arithmetic": ArithmeticTask,
+    "countdown": CountdownTask,
+    "dm_math": _dm_math,
+    "math": MathTask,
+    "math500": Math500Task,
+    "gsm8k": GSM8KTask,
+    "mmlu": MMLUTask,
+    "mmlu_college_physics": functools.partial(MMLUTask, "college_physics"),
+    "mmlu_college_chemistry": functools.partial(MMLUTask, "college_chemistry"),
+    "mmlu_college_biology": functools.partial(MMLUTask, "college_biology"),
+    "repeat_digit": _repeat_digit,
+}
+
+
+def task_names() -> list[str]:
+    """The registered task names."""
+    return sorted(TASKS)
+
+
+def get_task(name: str, **kwargs: Any) -> Task:
+    """A new task object for `name` (keyword arguments go to its constructor, e.g. data_dir=)."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; valid tasks: {task_names()}")
+    return TASKS[name](**kwargs)
+
+
+def parse_task_spec(spec: str, **kwargs: Any) -> tuple[Task, str | None]:
+    """("name" or "name:split") -> (task, split or None); the split is checked against the task's."""
+    name, _, split = spec.partition(":")
+    task = get_task(name.strip(), **kwargs)
+    if not split:
+        return task, None
+    task.validate_split(split.strip())
+    return task, split.strip()
