@@ -1,0 +1,438 @@
+"""One decoder-only transformer (Llama, Qwen2/2.5, Qwen3) as pure functions over a params pytree.
+
+Parameters are a nested dict of arrays. Layer parameters are always stacked on a leading `layers`
+axis (one layout for conversion, sharding and checkpoints); `config.scan_layers` only chooses
+whether the forward runs them with `lax.scan` (one compiled layer) or a Python loop.
+
+    embed       [V, D]           (vocab, embed)
+    lm_head     [D, V]           (embed, vocab)          only when embeddings are untied
+    final_norm  [D]              (embed,)
+    layers/attn_norm, mlp_norm   [L, D]
+    layers/q    [L, D, H, Dh]    (layers, embed, heads, head_dim)
+    layers/k, v [L, D, Kv, Dh]   (layers, embed, kv_heads, head_dim)
+    layers/o    [L, H, Dh, D]    (layers, heads, head_dim, embed)
+    layers/gate, up [L, D, F]    (layers, embed, mlp);  layers/down [L, F, D]
+    layers/q_bias [L, H, Dh], k_bias, v_bias [L, Kv, Dh]   (qkv bias: Qwen2, attention_bias=True)
+    layers/o_bias [L, D]                                    (attention_bias=True, Llama/Qwen3)
+    layers/q_norm, k_norm [L, Dh]                           (Qwen3 per-head RMSNorm)
+
+Inputs are `tokens_bt` int32 [B, T], `mask_bt` bool [B, T] (False = padding; left padding is the
+norm) and `positions_bt` int32 [B, T] (RoPE positions, e.g. `positions_from_mask(mask_bt)`).
+Attention is causal over the token index, and a query attends only to keys whose mask is True.
+Rows of padding get finite garbage, never NaN. Compute runs in `config.dtype`, RMSNorm statistics,
+softmax and logits in float32.
+
+KV-cache contract (for the sampler; see `apply_with_cache`):
+  * `KVCache(k, v, mask)`: `k`, `v` are [L, B, S, Kv, Dh] in `config.dtype` (keys stored after
+    RoPE, so positions never need to be re-applied), `mask` is bool [B, S] saying which slots hold
+    real tokens. `init_cache(config, B, S)` makes an empty one.
+  * A call with T new tokens and write index `cache_index` (int32 scalar, shared by the batch)
+    writes their keys/values into slots [cache_index, cache_index + T) and their `mask_bt` into
+    `mask`. Query t (slot cache_index + t) attends to slots s <= cache_index + t with mask[b, s].
+  * Slot index is not position: the caller passes `positions_bt` (for a left-padded prompt of
+    length P, prefill writes slots [0, P) and decode step i writes slot P + i at position
+    last_position + 1 + i). The caller keeps cache_index + T <= S (out-of-range writes clamp).
+  * Prefill and decode are the same function; jit it with the cache donated to update in place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec
+
+from kljax.models.config import ModelConfig
+
+Params = dict[str, Any]
+_NEG = -1e30  # finite, so fully masked rows give uniform attention instead of NaN
+
+
+# ---------------------------------------------------------------------------------------- params
+
+
+def _param_table(config: ModelConfig) -> dict[tuple[str, ...], tuple[tuple[int, ...], tuple[str, ...], str]]:
+    """path -> (shape, logical axes, init kind) for every parameter of this configuration."""
+    d, f, v = config.hidden_size, config.intermediate_size, config.vocab_size
+    h, kv, dh, n = config.num_heads, config.num_kv_heads, config.head_dim, config.num_layers
+    table: dict[tuple[str, ...], tuple[tuple[int, ...], tuple[str, ...], str]] = {
+        ("embed",): ((v, d), ("vocab", "embed"), "normal"),
+        ("final_norm",): ((d,), ("embed",), "ones"),
+    }
+    if not config.tie_embeddings:
+        table[("lm_head",)] = ((d, v), ("embed", "vocab"), "normal")
+    layer: dict[str, tuple[tuple[int, ...], tuple[str, ...], str]] = {
+        "attn_norm": ((d,), ("embed",), "ones"),
+        "q": ((d, h, dh), ("embed", "heads", "head_dim"), "normal"),
+        "k": ((d, kv, dh), ("embed", "kv_heads", "head_dim"), "normal"),
+        "v": ((d, kv, dh), ("embed", "kv_heads", "head_dim"), "normal"),
+        "o": ((h, dh, d), ("heads", "head_dim", "embed"), "normal"),
+        "mlp_norm": ((d,), ("embed",), "ones"),
+        "gate": ((d, f), ("embed", "mlp"), "normal"),
+        "up": ((d, f), ("embed", "mlp"), "normal"),
+        "down": ((f, d), ("mlp", "embed"), "normal"),
+    }
+    if config.qkv_bias:
+        layer["q_bias"] = ((h, dh), ("heads", "head_dim"), "zeros")
+        layer["k_bias"] = ((kv, dh), ("kv_heads", "head_dim"), "zeros")
+        layer["v_bias"] = ((kv, dh), ("kv_heads", "head_dim"), "zeros")
+    if config.o_bias:
+        layer["o_bias"] = ((d,), ("embed",), "zeros")
+    if config.qk_norm:
+        layer["q_norm"] = ((dh,), ("head_dim",), "ones")
+        layer["k_norm"] = ((dh,), ("head_dim",), "ones")
+    for name, (shape, axes, kind) in layer.items():
+        table[("layers", name)] = ((n, *shape), ("layers", *axes), kind)
+    return table
+
+
+def _nest(flat: dict[tuple[str, ...], Any]) -> Params:
+    out: Params = {}
+    for path, value in flat.items():
+        node = out
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return out
+
+
+def param_paths(config: ModelConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
+    """Every parameter path of this configuration and its shape."""
+    return {path: shape for path, (shape, _, _) in _param_table(config).items()}
+
+
+def init_params(config: ModelConfig, key: jax.Array, std: float = 0.02) -> Params:
+    """Random parameters in `config.param_dtype` (normal(std) matrices, unit norms, zero biases)."""
+    table = _param_table(config)
+    keys = jax.random.split(key, len(table))
+    dtype = config.jnp_param_dtype
+    flat = {}
+    for k, (path, (shape, _, kind)) in zip(keys, table.items(), strict=True):
+        if kind == "normal":
+            flat[path] = (std * jax.random.normal(k, shape, jnp.float32)).astype(dtype)
+        else:
+            flat[path] = (jnp.ones if kind == "ones" else jnp.zeros)(shape, dtype)
+    return _nest(flat)
+
+
+def param_shapes(config: ModelConfig) -> Params:
+    """`jax.ShapeDtypeStruct` pytree of the parameters, without allocating them."""
+    return jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+
+
+def logical_axes(config: ModelConfig) -> Params:
+    """Pytree matching the params whose leaves are `PartitionSpec`s of logical axis names."""
+    return _nest({path: PartitionSpec(*axes) for path, (_, axes, _) in _param_table(config).items()})
+
+
+def count_params(params: Params) -> int:
+    """Number of scalars in a params (or ShapeDtypeStruct) pytree."""
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(params))
+
+
+# ---------------------------------------------------------------------------------------- cache
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class KVCache:
+    """Stacked per-layer key/value buffers; see the module docstring for the contract.
+
+    k, v: [L, B, S, Kv, Dh] (keys after RoPE); mask: bool [B, S], True where a slot holds a token.
+    """
+
+    k: jax.Array
+    v: jax.Array
+    mask: jax.Array
+
+
+def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype: Any = None) -> KVCache:
+    """An empty cache of `max_len` slots in `dtype` (default `config.dtype`)."""
+    shape = (config.num_layers, batch_size, max_len, config.num_kv_heads, config.head_dim)
+    dtype = dtype or config.jnp_dtype
+    return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch_size, max_len), bool))
+
+
+def cache_logical_axes() -> KVCache:
+    """Logical axes of a `KVCache`, for `kljax.sharding.logical_to_sharding`."""
+    kv = PartitionSpec("layers", "batch", "length", "kv_heads", "head_dim")
+    return KVCache(kv, kv, PartitionSpec("batch", "length"))
+
+
+# ---------------------------------------------------------------------------------------- blocks
+
+
+def positions_from_mask(mask_bt: jax.Array) -> jax.Array:
+    """RoPE positions [B, T] for a (left-)padded batch: 0, 1, ... over the valid tokens of each row."""
+    return jnp.maximum(jnp.cumsum(mask_bt.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm over the last axis: statistics in float32, result in x.dtype, times weight."""
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight.astype(x.dtype) * x32.astype(x.dtype)
+
+
+def rope_inv_freq(config: ModelConfig) -> np.ndarray:
+    """Inverse frequencies [Dh // 2] float32, with the linear or Llama-3 frequency scaling."""
+    dh = config.head_dim
+    inv = (1.0 / (config.rope_theta ** (np.arange(0, dh, 2, dtype=np.float32) / dh))).astype(np.float32)
+    if config.rope_type == "linear":
+        return (inv / config.rope_factor).astype(np.float32)
+    if config.rope_type == "llama3":
+        # Long wavelengths are slowed by `factor`, short ones kept, the band between interpolated.
+        low_wavelen = config.rope_original_max_positions / config.rope_low_freq_factor
+        high_wavelen = config.rope_original_max_positions / config.rope_high_freq_factor
+        wavelen = 2 * np.pi / inv
+        smooth = (config.rope_original_max_positions / wavelen - config.rope_low_freq_factor) / (
+            config.rope_high_freq_factor - config.rope_low_freq_factor
+        )
+        mid = (1 - smooth) * inv / config.rope_factor + smooth * inv
+        kept = np.where(wavelen < high_wavelen, inv, mid)
+        inv = np.where(wavelen > low_wavelen, inv / config.rope_factor, kept)
+        return inv.astype(np.float32)
+    return inv
+
+
+def _rope_tables(positions_bt: jax.Array, config: ModelConfig) -> tuple[jax.Array, jax.Array]:
+    """cos, sin [B, T, 1, Dh // 2] float32."""
+    angles = positions_bt.astype(jnp.float32)[..., None] * jnp.asarray(rope_inv_freq(config))
+    return jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
+
+
+def _apply_rope(x_bthk: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate the two halves of the head dimension (the HF `rotate_half` convention)."""
+    x1, x2 = jnp.split(x_bthk.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x_bthk.dtype)
+
+
+def _attention(q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Array, allowed_bts: jax.Array) -> jax.Array:
+    """Grouped-query attention; q [B, T, H, Dh], k/v [B, S, Kv, Dh] -> [B, T, H, Dh]."""
+    b, t, h, dh = q_bthk.shape
+    kv = k_bsgk.shape[2]
+    q = q_bthk.reshape(b, t, kv, h // kv, dh)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k_bsgk, preferred_element_type=jnp.float32)
+    scores = jnp.where(allowed_bts[:, None, None], scores * (dh**-0.5), _NEG)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_bsgk.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v_bsgk)
+    return out.reshape(b, t, h, dh)
+
+
+def _layer(
+    x_btd: jax.Array,
+    lp: Params,
+    rope: tuple[jax.Array, jax.Array],
+    allowed_bts: jax.Array,
+    cache_kv: tuple[jax.Array, jax.Array] | None,
+    layer_index: jax.Array | int,
+    cache_index: jax.Array | None,
+    config: ModelConfig,
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+    """One pre-norm block: x + attn(norm(x)), then + SwiGLU(norm(x)). Updates the stacked cache."""
+    dt, eps = x_btd.dtype, config.rms_norm_eps
+    w = lambda name: lp[name].astype(dt)
+    h = rms_norm(x_btd, lp["attn_norm"], eps)
+    q = jnp.einsum("btd,dhk->bthk", h, w("q"))
+    k = jnp.einsum("btd,dhk->bthk", h, w("k"))
+    v = jnp.einsum("btd,dhk->bthk", h, w("v"))
+    if config.qkv_bias:
+        q, k, v = q + w("q_bias"), k + w("k_bias"), v + w("v_bias")
+    if config.qk_norm:
+        q, k = rms_norm(q, lp["q_norm"], eps), rms_norm(k, lp["k_norm"], eps)
+    q, k = _apply_rope(q, *rope), _apply_rope(k, *rope)
+    if cache_kv is not None:
+        ck, cv = cache_kv
+        start = (layer_index, 0, cache_index, 0, 0)
+        ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), start)
+        cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), start)
+        keys = jax.lax.dynamic_index_in_dim(ck, layer_index, 0, keepdims=False).astype(dt)
+        values = jax.lax.dynamic_index_in_dim(cv, layer_index, 0, keepdims=False).astype(dt)
+        cache_kv = (ck, cv)
+    else:
+        keys, values = k, v
+    attn = _attention(q, keys, values, allowed_bts)
+    x_btd = x_btd + jnp.einsum("bthk,hkd->btd", attn, w("o"))
+    if config.o_bias:
+        x_btd = x_btd + w("o_bias")
+    h = rms_norm(x_btd, lp["mlp_norm"], eps)
+    gated = jax.nn.silu(h @ w("gate")) * (h @ w("up"))
+    return x_btd + gated @ w("down"), cache_kv
+
+
+def _remat(fn: Callable, config: ModelConfig) -> Callable:
+    policies = {
+        "full": None,
+        "dots_saveable": jax.checkpoint_policies.dots_saveable,
+        "dots_no_batch_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    }
+    if config.remat == "none":
+        return fn
+    return jax.checkpoint(fn, policy=policies[config.remat], prevent_cse=not config.scan_layers)
+
+
+# ---------------------------------------------------------------------------------------- forward
+
+
+def forward_hidden(
+    params: Params,
+    tokens_bt: jax.Array,
+    mask_bt: jax.Array | None,
+    positions_bt: jax.Array | None,
+    config: ModelConfig,
+    cache: KVCache | None = None,
+    cache_index: jax.Array | int | None = None,
+) -> tuple[jax.Array, KVCache | None]:
+    """Final-norm hidden states [B, T, D] in `config.dtype`, and the updated cache (or None).
+
+    `mask_bt` None means no padding; `positions_bt` None means `positions_from_mask(mask_bt)` (only
+    without a cache). Token ids must lie in [0, V).
+    """
+    b, t = tokens_bt.shape
+    if cache is not None and positions_bt is None:
+        raise ValueError("with a cache, pass positions_bt: the new tokens' positions depend on the prefix")
+    mask_bt = jnp.ones((b, t), bool) if mask_bt is None else mask_bt.astype(bool)
+    positions_bt = positions_from_mask(mask_bt) if positions_bt is None else positions_bt
+    x = jnp.take(params["embed"], tokens_bt, axis=0).astype(config.jnp_dtype)
+    rope = _rope_tables(positions_bt, config)
+    query_slot = jnp.arange(t)
+    if cache is None:
+        key_mask = mask_bt
+        key_slot = jnp.arange(t)
+        cache_kv = None
+    else:
+        cache_index = jnp.asarray(0 if cache_index is None else cache_index, jnp.int32)
+        key_mask = jax.lax.dynamic_update_slice(cache.mask, mask_bt, (0, cache_index))
+        key_slot = jnp.arange(cache.mask.shape[1])
+        query_slot = query_slot + cache_index
+        cache_kv = (cache.k, cache.v)
+    allowed = (key_slot[None, None, :] <= query_slot[None, :, None]) & key_mask[:, None, :]
+
+    def body(carry, layer):
+        x, kv = carry
+        lp, i = layer
+        return _layer(x, lp, rope, allowed, kv, i, cache_index, config), None
+
+    body = _remat(body, config)
+    layers = params["layers"]
+    if config.scan_layers:
+        (x, cache_kv), _ = jax.lax.scan(body, (x, cache_kv), (layers, jnp.arange(config.num_layers)))
+    else:
+        for i in range(config.num_layers):
+            (x, cache_kv), _ = body((x, cache_kv), (jax.tree.map(lambda a, i=i: a[i], layers), i))
+    x = rms_norm(x, params["final_norm"], config.rms_norm_eps)
+    new_cache = None if cache is None else KVCache(cache_kv[0], cache_kv[1], key_mask)
+    return x, new_cache
+
+
+def logits_from_hidden(params: Params, hidden_btd: jax.Array, config: ModelConfig) -> jax.Array:
+    """Project hidden states [..., D] to float32 logits [..., V] (tied or untied unembedding)."""
+    h = hidden_btd.astype(config.jnp_dtype)
+    if config.tie_embeddings:
+        w = params["embed"].astype(config.jnp_dtype)
+        return jnp.einsum("...d,vd->...v", h, w, preferred_element_type=jnp.float32)
+    w = params["lm_head"].astype(config.jnp_dtype)
+    return jnp.einsum("...d,dv->...v", h, w, preferred_element_type=jnp.float32)
+
+
+def apply(
+    params: Params,
+    tokens_bt: jax.Array,
+    mask_bt: jax.Array | None = None,
+    positions_bt: jax.Array | None = None,
+    *,
+    config: ModelConfig,
+) -> jax.Array:
+    """Float32 logits [B, T, V]. Pure; use inside `jax.jit` / `jax.value_and_grad`."""
+    hidden, _ = forward_hidden(params, tokens_bt, mask_bt, positions_bt, config)
+    return logits_from_hidden(params, hidden, config)
+
+
+def apply_with_cache(
+    params: Params,
+    tokens_bt: jax.Array,
+    mask_bt: jax.Array,
+    positions_bt: jax.Array,
+    cache: KVCache,
+    cache_index: jax.Array | int,
+    *,
+    config: ModelConfig,
+) -> tuple[jax.Array, KVCache]:
+    """Prefill or decode step: float32 logits [B, T, V] and the cache with these T tokens written.
+
+    See the module docstring for the cache contract.
+    """
+    hidden, new_cache = forward_hidden(params, tokens_bt, mask_bt, positions_bt, config, cache, cache_index)
+    return logits_from_hidden(params, hidden, config), new_cache
+
+
+def logprobs_from_hidden(
+    params: Params,
+    hidden_btd: jax.Array,
+    targets_bt: jax.Array,
+    config: ModelConfig,
+    *,
+    chunk_size: int = 512,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """Per-token log p(target) [B, T] float32 (and entropy [B, T]) in chunks of `chunk_size` tokens.
+
+    Each chunk is projected to [B, chunk, V] float32 logits inside `lax.map` under `jax.checkpoint`,
+    so neither the forward nor the backward pass ever holds the full [B, T, V] logits.
+    """
+    b, t, d = hidden_btd.shape
+    c = max(1, min(chunk_size, t))
+    n = -(-t // c)
+    pad = n * c - t
+    h = jnp.pad(hidden_btd, ((0, 0), (0, pad), (0, 0))).reshape(b, n, c, d).swapaxes(0, 1)
+    tg = jnp.pad(targets_bt, ((0, 0), (0, pad))).reshape(b, n, c).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def chunk(args):
+        h_bcd, t_bc = args
+        logits = logits_from_hidden(params, h_bcd, config)
+        if temperature != 1.0:
+            logits = logits / temperature
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        logp = jnp.take_along_axis(logits, t_bc[..., None], axis=-1)[..., 0] - lse
+        if not with_entropy:
+            return logp, jnp.zeros_like(logp)
+        probs = jnp.exp(logits - lse[..., None])
+        return logp, lse - jnp.sum(probs * logits, axis=-1)
+
+    logp, entropy = jax.lax.map(chunk, (h, tg))
+    logp = logp.swapaxes(0, 1).reshape(b, n * c)[:, :t]
+    if not with_entropy:
+        return logp
+    return logp, entropy.swapaxes(0, 1).reshape(b, n * c)[:, :t]
+
+
+def token_logprobs(
+    params: Params,
+    tokens_bt: jax.Array,
+    mask_bt: jax.Array | None,
+    positions_bt: jax.Array | None,
+    targets_bt: jax.Array,
+    *,
+    config: ModelConfig,
+    chunk_size: int = 512,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """log p(targets_bt[b, t] | tokens_bt[b, :t+1]) [B, T] float32, optionally with entropy [B, T].
+
+    For next-token log-probs pass `targets_bt = tokens_bt` shifted left by one; positions whose
+    target is not a real token should be masked by the caller. Chunked: see `logprobs_from_hidden`.
+    """
+    hidden, _ = forward_hidden(params, tokens_bt, mask_bt, positions_bt, config)
+    return logprobs_from_hidden(
+        params, hidden, targets_bt, config,
+        chunk_size=chunk_size, temperature=temperature, with_entropy=with_entropy,
+    )
