@@ -17,6 +17,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bias-study": ("kljax.bias.cli", "exact and Monte-Carlo gradient bias/variance of KL configurations"),
     "convert": ("kljax.models.cli_convert", "convert a Hugging Face checkpoint to kljax (and back)"),
     "generate": ("kljax.models.cli_generate", "generate text from a model directory"),
+    "train": ("kljax.train.cli_train", "RL fine-tuning with a chosen KL configuration (the main job)"),
+    "plot-run": ("kljax.train.cli_plot", "draw a run's metric curves as PNG"),
 }
 
 
@@ -44,11 +46,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
-    return int(importlib.import_module(args._module).run(args) or 0)
+    module = importlib.import_module(args._module)
+    # Commands that read an ml_collections config take `--config.field=value` overrides.
+    if getattr(module, "ACCEPTS_CONFIG_OVERRIDES", False):
+        bad = [e for e in extra if not e.startswith("--config.")]
+        if bad:
+            parser.error(f"unrecognized arguments: {' '.join(bad)}")
+        args.overrides = extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return int(module.run(args) or 0)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,30 @@
+"""The default run: SmolLM2-135M-Instruct (embedded, no download) on generated arithmetic, k1 in
+reward with RLOO: the paper's recommended configuration, sized for 2 CPU cores in about 10 minutes.
+
+In-domain: 2-digit addition/subtraction (`arithmetic:train`, evaluated on `test`); out-of-domain:
+more digits (`ood_digits`) and other operations (`ood_ops`). Before/after greedy accuracy is printed.
+"""
+
+from kljax_base import base
+
+
+def get_config():
+    c = base()
+    c.steps = 20
+    c.checkpoint_every = 5
+    c.eval_examples = 32
+    c.model.source = "default"
+    c.task.name = "arithmetic"
+    c.task.eval_splits = "test,ood_digits,ood_ops"
+    c.task.prompt_format = "chat"
+    c.kl.estimator = "k1"
+    c.kl.placement = "reward"
+    c.kl.beta = 0.05
+    c.rl.advantage = "rloo"
+    c.rl.group_size = 4
+    c.rl.prompts_per_step = 8
+    c.rl.max_prompt_len = 96
+    c.rl.max_new_tokens = 48
+    c.rl.loss_aggregation = "seq-mean-token-mean"
+    c.optim.learning_rate = 2e-6
+    return c

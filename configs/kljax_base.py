@@ -1,0 +1,49 @@
+"""Shared defaults of every run config; each configs/NAME.py starts from `base()` and changes fields.
+
+`kljax.train.config.load_config` puts this directory on sys.path, so configs `from kljax_base import base`.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+
+def base() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.steps = 100
+    c.checkpoint_every = 25
+    c.keep_checkpoints = 3
+    c.eval_every = 0  # 0: evaluate only before and after the run
+    c.eval_examples = 64
+    c.model = ml_collections.ConfigDict(
+        dict(
+            source="default",  # "tiny" (random init), "default" (SmolLM2-135M-Instruct) or an HF checkpoint dir
+            dtype="float32",
+            param_dtype="float32",
+            scan_layers=True,
+            remat="none",
+            # Used only by source="tiny":
+            tiny=dict(vocab_size=19, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                      num_kv_heads=2, head_dim=8, max_position_embeddings=64, init_std=0.02),
+        )
+    )
+    c.task = ml_collections.ConfigDict(
+        dict(name="arithmetic", split="train", eval_splits="test,ood_digits,ood_ops", prompt_format="chat",
+             data_dir="")
+    )
+    c.kl = ml_collections.ConfigDict(
+        dict(estimator="k1", placement="reward", credit="sequence", scope="token", off_policy="none",
+             truncation=None, beta=0.05, target_kl=None, adapt_horizon=10000.0)
+    )
+    c.rl = ml_collections.ConfigDict(
+        dict(advantage="rloo", group_size=4, prompts_per_step=8, max_prompt_len=64, max_new_tokens=32,
+             temperature=1.0, top_p=1.0, top_k=0, loss_aggregation="seq-mean-token-mean", clip_low=0.2,
+             clip_high=None, updates_per_batch=1, async_level=0, micro_batches=1)
+    )
+    c.optim = ml_collections.ConfigDict(
+        dict(learning_rate=1e-6, schedule="constant", warmup_steps=0, end_lr_fraction=0.0, weight_decay=0.0,
+             b1=0.9, b2=0.999, eps=1e-8, max_grad_norm=1.0)
+    )
+    c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
+    return c

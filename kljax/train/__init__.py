@@ -1,0 +1,1 @@
+"""The RL trainer: train state, the jitted step, rollout, the loop, off-policy sampling."""

@@ -1,0 +1,43 @@
+"""`kljax train --config configs/NAME.py --workdir DIR [--resume] [--config.field=value ...]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+ACCEPTS_CONFIG_OVERRIDES = True
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=None,
+                        help="config file with get_config() (default: configs/default.py, SmolLM2 on arithmetic)")
+    parser.add_argument("--workdir", required=True, help="directory for checkpoints, metrics and evaluations")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --workdir")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--stop-after", type=int, default=None,
+                        help="stop (after checkpointing) once this many steps ran in this invocation")
+    parser.epilog = ("Any config field can be overridden, e.g. --config.kl.estimator=k3 --config.kl.placement=loss "
+                     "--config.steps=50; run `kljax kl-configs` for the KL configurations.")
+
+
+def run(args: argparse.Namespace) -> int:
+    from kljax.train.config import apply_overrides, load_config
+    from kljax.train.trainer import train
+
+    try:
+        config = apply_overrides(load_config(args.config), getattr(args, "overrides", []))
+        summary = train(config, args.workdir, resume=args.resume, progress=not args.no_progress,
+                        stop_after=args.stop_after)
+    except ValueError as e:
+        print(f"kljax train: error: {e}", file=sys.stderr)
+        return 2
+    if "stopped_at" in summary:
+        print(f"stopped after step {summary['stopped_at']}; continue with --resume")
+        return 0
+    print("evaluation (greedy accuracy) before -> after:")
+    for split, after in summary["after"].items():
+        before = summary["before"].get(split, {}).get("accuracy", float("nan"))
+        print(f"  {split:<14} {before:.3f} -> {after['accuracy']:.3f}  (n={after['n']})")
+    print(json.dumps({"workdir": str(args.workdir), "after": summary["after"]}))
+    return 0

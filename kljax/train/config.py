@@ -1,0 +1,201 @@
+"""Run configuration: ml_collections files (`configs/NAME.py` with `get_config()`), command-line
+overrides (`--config.kl.beta=0.1`), and one validation that turns a ConfigDict into typed settings,
+raising ValueErrors that name the field and the valid choices before anything is compiled.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+
+from kljax.advantages import METHODS, MIN_GROUP
+from kljax.kl import KLConfig
+from kljax.losses import AGGREGATIONS
+from kljax.train.state import OptimConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.py"
+MODEL_SOURCES = ("tiny", "default")  # or a path to a Hugging Face checkpoint directory
+PROMPT_FORMATS = ("chat", "plain", "raw")
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+    """Sampling and policy-loss settings of the RL loop."""
+
+    advantage: str = "rloo"
+    group_size: int = 4
+    prompts_per_step: int = 8
+    max_prompt_len: int = 64
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    loss_aggregation: str = "seq-mean-token-mean"
+    clip_low: float | None = 0.2
+    clip_high: float | None = None
+    updates_per_batch: int = 1
+    async_level: int = 0
+    micro_batches: int = 1
+
+    @property
+    def batch_size(self) -> int:
+        return self.prompts_per_step * self.group_size
+
+    def __post_init__(self) -> None:
+        if self.advantage not in METHODS:
+            raise ValueError(f"rl.advantage={self.advantage!r} is not valid; choose one of {list(METHODS)}")
+        if self.group_size < MIN_GROUP[self.advantage]:
+            raise ValueError(
+                f"rl.group_size={self.group_size}: advantage {self.advantage!r} needs group_size >= "
+                f"{MIN_GROUP[self.advantage]} (a baseline from the other samples of the prompt)"
+            )
+        if self.loss_aggregation not in AGGREGATIONS:
+            raise ValueError(
+                f"rl.loss_aggregation={self.loss_aggregation!r} is not valid; choose one of {list(AGGREGATIONS)}"
+            )
+        for name in ("prompts_per_step", "max_prompt_len", "max_new_tokens", "updates_per_batch", "micro_batches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"rl.{name}={getattr(self, name)} must be >= 1")
+        if self.async_level < 0:
+            raise ValueError(f"rl.async_level={self.async_level} must be >= 0")
+        if self.batch_size % self.micro_batches:
+            raise ValueError(
+                f"rl.micro_batches={self.micro_batches} must divide the batch of prompts_per_step * group_size = "
+                f"{self.batch_size} sequences"
+            )
+        if not self.temperature >= 0:
+            raise ValueError(f"rl.temperature={self.temperature} must be >= 0 (0 = greedy)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"rl.top_p={self.top_p} must be in (0, 1]")
+        if self.top_k < 0:
+            raise ValueError(f"rl.top_k={self.top_k} must be >= 0 (0 = off)")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """Everything a run needs, validated."""
+
+    raw: ml_collections.ConfigDict
+    kl: KLConfig
+    rl: RLConfig
+    optim: OptimConfig
+    steps: int
+    seed: int
+    checkpoint_every: int
+    keep_checkpoints: int
+    mesh: tuple[int, int, int]
+
+
+def load_config(path: str | os.PathLike | None = None) -> ml_collections.ConfigDict:
+    """`get_config()` of a config file (default: configs/default.py)."""
+    path = Path(path) if path else DEFAULT_CONFIG
+    if not path.exists():
+        raise ValueError(f"config file {str(path)!r} does not exist")
+    spec = importlib.util.spec_from_file_location(f"kljax_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent.resolve()))  # configs import their shared base (kljax_base.py)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.pop(0)
+    if not hasattr(module, "get_config"):
+        raise ValueError(f"config file {str(path)!r} has no get_config()")
+    return module.get_config()
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text  # a bare string, e.g. --config.kl.estimator=k3
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides: list[str]) -> ml_collections.ConfigDict:
+    """Apply `--config.a.b=value` (or `config.a.b=value`) strings; unknown fields are an error."""
+    config = ml_collections.ConfigDict(config.to_dict())
+    for item in overrides:
+        key, sep, value = item.lstrip("-").partition("=")
+        if not sep or not key.startswith("config."):
+            raise ValueError(f"override {item!r} must look like --config.field=value")
+        path = key[len("config.") :].split(".")
+        node = config
+        for i, part in enumerate(path[:-1]):
+            if part not in node or not isinstance(node[part], ml_collections.ConfigDict):
+                raise ValueError(f"unknown config field {'.'.join(path[: i + 1])!r} in override {item!r}")
+            node = node[part]
+        leaf = path[-1]
+        if leaf not in node:
+            raise ValueError(f"unknown config field {'.'.join(path)!r}; valid here: {sorted(node.keys())}")
+        new = _parse_value(value)
+        old = node[leaf]
+        if isinstance(old, float) and isinstance(new, int) and not isinstance(new, bool):
+            new = float(new)
+        if old is not None and new is not None and type(old) is not type(new):
+            raise ValueError(f"config.{'.'.join(path)}={value!r}: expected a {type(old).__name__}")
+        with config.unlocked():
+            node[leaf] = new
+    return config
+
+
+def _section(config: ml_collections.ConfigDict, name: str, cls: type) -> Any:
+    values = dict(config.get(name, {}))
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ValueError(f"unknown field(s) {unknown} in config.{name}; valid: {sorted(names)}")
+    return cls(**values)
+
+
+def validate(config: ml_collections.ConfigDict) -> RunSettings:
+    """Check every field; raise ValueError naming the bad one. Model-dependent checks (context
+    length, vocabulary) happen in `check_against_model` once the model config is known."""
+    kl = KLConfig.from_mapping(dict(config.kl))
+    rl = _section(config, "rl", RLConfig)
+    optim_values = dict(config.optim)
+    optim_values.setdefault("total_steps", int(config.steps))
+    optim = OptimConfig(**optim_values)
+    for name in ("steps", "checkpoint_every", "keep_checkpoints"):
+        if int(config[name]) < 1:
+            raise ValueError(f"config.{name}={config[name]} must be >= 1")
+    source = config.model.source
+    if source not in MODEL_SOURCES and not Path(source).is_dir():
+        raise ValueError(
+            f"config.model.source={source!r} is neither one of {list(MODEL_SOURCES)} nor a checkpoint directory"
+        )
+    if config.task.prompt_format not in PROMPT_FORMATS:
+        raise ValueError(
+            f"config.task.prompt_format={config.task.prompt_format!r} is not valid; "
+            f"choose one of {list(PROMPT_FORMATS)}"
+        )
+    mesh = (int(config.mesh.data), int(config.mesh.fsdp), int(config.mesh.tensor))
+    return RunSettings(config, kl, rl, optim, int(config.steps), int(config.seed), int(config.checkpoint_every),
+                       int(config.keep_checkpoints), mesh)
+
+
+def check_against_model(settings: RunSettings, max_positions: int, num_shards: int) -> None:
+    """Model- and mesh-dependent checks: context length and batch divisibility."""
+    rl = settings.rl
+    total = rl.max_prompt_len + rl.max_new_tokens
+    if total > max_positions:
+        raise ValueError(
+            f"rl.max_prompt_len + rl.max_new_tokens = {total} exceeds the model's context of {max_positions} tokens"
+        )
+    if rl.prompts_per_step % num_shards:
+        raise ValueError(
+            f"rl.prompts_per_step={rl.prompts_per_step} must split over the {num_shards} data-parallel shards "
+            "(mesh data * fsdp) the sampler shards prompts over"
+        )
+    per_micro = rl.batch_size // rl.micro_batches
+    if per_micro % num_shards:
+        raise ValueError(
+            f"each micro-batch of {per_micro} sequences must split over the {num_shards} data-parallel shards "
+            "(mesh data * fsdp); change rl.prompts_per_step, rl.group_size or rl.micro_batches"
+        )

@@ -1,0 +1,46 @@
+"""Greedy evaluation of a policy on a task's splits, batched through the sampler (before/after a run)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from kljax import sampling
+from kljax.tasks.rewards import score_batch
+from kljax.train.rollout import decode_responses, encode_prompts, prompt_texts
+
+
+def greedy_completions(policy: Any, params: Any, texts: list[str], max_prompt_len: int, max_new_tokens: int,
+                       batch_size: int, mesh: Any = None) -> list[str]:
+    """Greedy completions of `texts`, `batch_size` prompts per sampler call (the last batch padded)."""
+    settings = sampling.SamplingParams(greedy=True, temperature=0.0, max_new_tokens=max_new_tokens,
+                                       stop_token_ids=tuple(policy.stop_token_ids), n=1)
+    out: list[str] = []
+    for i in range(0, len(texts), batch_size):
+        chunk = texts[i : i + batch_size]
+        padded = chunk + [chunk[-1]] * (batch_size - len(chunk))
+        ids, mask = encode_prompts(padded, policy.tokenizer, max_prompt_len, policy.pad_id)
+        result = sampling.generate(params, policy.model, ids, mask, jax.random.PRNGKey(0), settings, mesh=mesh)
+        texts_out = decode_responses(policy.tokenizer, np.asarray(result.response_tokens_rn),
+                                     np.asarray(result.response_mask_rn))
+        out.extend(texts_out[: len(chunk)])
+    return out
+
+
+def evaluate_splits(run: Any, params: Any) -> dict[str, dict[str, float]]:
+    """{split: {"accuracy", "reward", "n"}} for each of config.task.eval_splits (greedy decoding)."""
+    raw = run.settings.raw
+    rl = run.settings.rl
+    results = {}
+    splits = [s.strip() for s in str(raw.task.eval_splits).split(",") if s.strip()]
+    for split in splits:
+        examples = run.task.examples(split, n=int(raw.eval_examples), seed=raw.seed)
+        texts = prompt_texts(examples, run.task, run.policy.tokenizer, raw.task.prompt_format)
+        completions = greedy_completions(run.policy, params, texts, rl.max_prompt_len, rl.max_new_tokens,
+                                         rl.batch_size, run.mesh)
+        rewards, correct = score_batch(run.task, examples, completions)
+        results[split] = {"accuracy": float(np.mean(correct)), "reward": float(np.mean(rewards)),
+                          "n": len(examples)}
+    return results

@@ -1,0 +1,137 @@
+"""One rollout: prompts -> sampler (G samples each) -> rewards -> scores -> advantages -> a `Batch`.
+
+    examples --prompt_texts--> token ids, left-padded to rl.max_prompt_len
+             --sampling.generate (params of the sampler)--> responses, mask, sampler log-probs
+             --tasks.score_batch--> task rewards, correctness
+             --step.score (current params, reference params)--> log pi, log pi_ref, entropy
+             --kl_terms + token_advantages--> advantages with the KL reward penalty folded in
+
+Prompt and response buffers have fixed sizes (rl.max_prompt_len, rl.max_new_tokens), so neither
+the sampler nor the train step ever recompiles during a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kljax import advantages as adv
+from kljax import sampling
+from kljax.kl import KLConfig, kl_terms
+from kljax.tasks.base import Example, Task
+from kljax.tasks.prompting import build_messages, render_messages
+from kljax.tasks.rewards import score_batch
+from kljax.train.config import RLConfig
+from kljax.train.step import Batch
+
+Array = jax.Array
+
+
+@dataclasses.dataclass
+class RolloutInfo:
+    """Host-side results of a rollout: texts, rewards, timings."""
+
+    completions: list[str]
+    rewards: np.ndarray
+    correct: np.ndarray
+    scored: dict[str, Array]
+    times: dict[str, float]
+
+
+def prompt_texts(examples: Sequence[Example], task: Task, tokenizer: Any, prompt_format: str) -> list[str]:
+    """The text each prompt is tokenized from: the chat template, a plain template, or the raw prompt."""
+    if prompt_format == "raw":
+        return [ex.prompt for ex in examples]
+    chat = prompt_format == "chat"
+    return [render_messages(build_messages(ex, task), tokenizer, chat_template=chat) for ex in examples]
+
+
+def encode_prompts(texts: Sequence[str], tokenizer: Any, max_len: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Left-padded token ids [N, max_len] int32 and mask; a prompt longer than max_len is an error."""
+    ids = np.full((len(texts), max_len), pad_id, np.int32)
+    mask = np.zeros((len(texts), max_len), bool)
+    for i, text in enumerate(texts):
+        toks = list(tokenizer.encode(text, add_special_tokens=False))
+        if not toks:
+            raise ValueError(f"prompt {i} is empty after tokenization: {text!r}")
+        if len(toks) > max_len:
+            raise ValueError(
+                f"prompt {i} has {len(toks)} tokens, more than rl.max_prompt_len={max_len}; raise it or shorten "
+                f"the prompt (starts {text[:60]!r})"
+            )
+        ids[i, max_len - len(toks) :] = toks
+        mask[i, max_len - len(toks) :] = True
+    return ids, mask
+
+
+def decode_responses(tokenizer: Any, tokens_rn: np.ndarray, mask_rn: np.ndarray) -> list[str]:
+    """The text of each response's unmasked tokens (special tokens skipped)."""
+    return [
+        tokenizer.decode([int(t) for t, m in zip(row, mrow, strict=True) if m], skip_special_tokens=True)
+        for row, mrow in zip(tokens_rn, mask_rn, strict=True)
+    ]
+
+
+def rollout(
+    examples: Sequence[Example],
+    task: Task,
+    tokenizer: Any,
+    *,
+    sampler_params: Any,
+    params: Any,
+    ref_params: Any,
+    model_config: Any,
+    rl: RLConfig,
+    kl: KLConfig,
+    beta: float,
+    prompt_format: str,
+    key: Array,
+    score_fn: Callable[[Any, Any, Batch], dict[str, Array]],
+    stop_token_ids: tuple[int, ...],
+    pad_id: int,
+    place: Callable[[Batch], Batch] = lambda b: b,
+    mesh: Any = None,
+) -> tuple[Batch, RolloutInfo]:
+    """Sample G responses per example with `sampler_params`, score and reward them, and build the batch."""
+    times = {}
+    t0 = time.perf_counter()
+    texts = prompt_texts(examples, task, tokenizer, prompt_format)
+    prompt_ids, prompt_mask = encode_prompts(texts, tokenizer, rl.max_prompt_len, pad_id)
+    params_s = sampling.SamplingParams(
+        temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k, max_new_tokens=rl.max_new_tokens,
+        stop_token_ids=tuple(stop_token_ids), n=rl.group_size,
+    )
+    result = sampling.generate(sampler_params, model_config, prompt_ids, prompt_mask, key, params_s, mesh=mesh)
+    response_ids = np.asarray(result.response_tokens_rn)
+    response_mask = np.asarray(result.response_mask_rn).astype(np.float32)
+    times["sample"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    g = rl.group_size
+    repeated = [ex for ex in examples for _ in range(g)]
+    completions = decode_responses(tokenizer, response_ids, response_mask)
+    rewards, correct = score_batch(task, repeated, completions)
+    rewards = np.asarray(rewards, np.float32)
+    times["reward"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    b, r = response_mask.shape
+    partial = place(Batch(
+        tokens_bs=result.sequence_tokens_rs, mask_bs=result.sequence_mask_rs,
+        positions_bs=result.sequence_positions_rs, response_mask_br=jnp.asarray(response_mask),
+        sampler_logp_br=jnp.asarray(result.response_logprobs_rn, jnp.float32),
+        ref_logp_br=jnp.zeros((b, r), jnp.float32), advantages_br=jnp.zeros((b, r), jnp.float32),
+        beta=jnp.float32(beta),
+    ))
+    scored = score_fn(params, ref_params, partial)
+    terms = kl_terms(kl, scored["logp"], scored["ref_logp"], partial.response_mask_br, partial.sampler_logp_br)
+    advantages = adv.token_advantages(jnp.asarray(rewards), terms.penalty_bt, terms.penalty_b, beta, g, rl.advantage)
+    batch = dataclasses.replace(partial, ref_logp_br=scored["ref_logp"], advantages_br=advantages)
+    times["score"] = time.perf_counter() - t0
+    return batch, RolloutInfo(completions, rewards, np.asarray(correct, bool), scored, times)

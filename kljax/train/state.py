@@ -1,0 +1,140 @@
+"""Train state, optimizer, and creating both directly in their shardings.
+
+`create_state` follows DESIGN.md item 5: the state's shapes come from `jax.eval_shape`, its
+shardings from the model's logical axes, and `jax.jit(init, out_shardings=...)` materializes it
+already sharded, so a model too large for one device is never built unsharded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from kljax import sharding as shd
+from kljax.models import transformer as tfm
+from kljax.models.config import ModelConfig
+
+Params = Any
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class TrainState:
+    """params: the policy; opt_state: optax state; step: int32 scalar; rng: uint32 key data [2]."""
+
+    params: Params
+    opt_state: Any
+    step: jax.Array
+    rng: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with global-norm clipping and a warmup + constant/cosine/linear schedule."""
+
+    learning_rate: float = 1e-6
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    total_steps: int = 1000
+    end_lr_fraction: float = 0.0
+    weight_decay: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    max_grad_norm: float = 1.0
+
+    def __post_init__(self) -> None:
+        schedules = ("constant", "cosine", "linear")
+        if self.schedule not in schedules:
+            raise ValueError(f"optim.schedule={self.schedule!r} is not valid; choose one of {list(schedules)}")
+        if not self.learning_rate > 0:
+            raise ValueError(f"optim.learning_rate={self.learning_rate!r} must be > 0")
+        if self.warmup_steps < 0 or self.total_steps < 1:
+            raise ValueError(
+                f"optim.warmup_steps={self.warmup_steps} must be >= 0 and optim.total_steps={self.total_steps} >= 1"
+            )
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            raise ValueError(f"optim.max_grad_norm={self.max_grad_norm!r} must be > 0 (or None)")
+
+
+def learning_rate_schedule(c: OptimConfig) -> optax.Schedule:
+    decay_steps = max(c.total_steps - c.warmup_steps, 1)
+    end = c.learning_rate * c.end_lr_fraction
+    if c.schedule == "cosine":
+        after = optax.cosine_decay_schedule(c.learning_rate, decay_steps, alpha=c.end_lr_fraction)
+    elif c.schedule == "linear":
+        after = optax.linear_schedule(c.learning_rate, end, decay_steps)
+    else:
+        after = optax.constant_schedule(c.learning_rate)
+    if c.warmup_steps == 0:
+        return after
+    warmup = optax.linear_schedule(0.0, c.learning_rate, c.warmup_steps)
+    return optax.join_schedules([warmup, after], [c.warmup_steps])
+
+
+def make_optimizer(c: OptimConfig) -> optax.GradientTransformation:
+    parts = []
+    if c.max_grad_norm is not None:
+        parts.append(optax.clip_by_global_norm(c.max_grad_norm))
+    parts.append(
+        optax.adamw(learning_rate_schedule(c), b1=c.b1, b2=c.b2, eps=c.eps, weight_decay=c.weight_decay)
+    )
+    return optax.chain(*parts)
+
+
+def param_shardings(model_config: ModelConfig, mesh: Mesh) -> Params:
+    """NamedSharding pytree for the model's parameters on `mesh` (from their logical axes)."""
+    return shd.logical_to_sharding(tfm.logical_axes(model_config), tfm.param_shapes(model_config), mesh)
+
+
+def state_shardings(
+    abstract_state: TrainState, params_sharding: Params, mesh: Mesh, tx: optax.GradientTransformation
+) -> TrainState:
+    """Shardings for a TrainState: optimizer moments follow their parameters; the rest replicates."""
+    rep = NamedSharding(mesh, PartitionSpec())
+    opt = optax.tree_map_params(
+        tx, lambda _, sharding: sharding, abstract_state.opt_state, params_sharding,
+        transform_non_params=lambda _: rep,
+    )
+    return TrainState(params=params_sharding, opt_state=opt, step=rep, rng=rep)
+
+
+def _fresh_state(params: Params, tx: optax.GradientTransformation, seed: int) -> TrainState:
+    return TrainState(
+        params=params,
+        opt_state=tx.init(params),
+        step=jnp.zeros((), jnp.int32),
+        rng=jax.random.key_data(jax.random.PRNGKey(seed)),
+    )
+
+
+def create_state(
+    init_params: Callable[[], Params],
+    tx: optax.GradientTransformation,
+    params_sharding: Params,
+    mesh: Mesh,
+    seed: int,
+) -> tuple[TrainState, TrainState]:
+    """(state, its shardings): built by `jit(init, out_shardings=...)`, never materialized unsharded.
+
+    `init_params()` returns random initial parameters (traced inside the jit).
+    """
+    init = lambda: _fresh_state(init_params(), tx, seed)
+    shardings = state_shardings(jax.eval_shape(init), params_sharding, mesh, tx)
+    return jax.jit(init, out_shardings=shardings)(), shardings
+
+
+def state_from_params(
+    params: Params, tx: optax.GradientTransformation, params_sharding: Params, mesh: Mesh, seed: int
+) -> tuple[TrainState, TrainState]:
+    """A fresh TrainState around already-placed parameters (e.g. a converted HF checkpoint);
+    the optimizer state is created inside a jit directly in its shardings."""
+    init = lambda p: _fresh_state(p, tx, seed)
+    shardings = state_shardings(jax.eval_shape(init, params), params_sharding, mesh, tx)
+    return jax.jit(init, in_shardings=(params_sharding,), out_shardings=shardings)(params), shardings

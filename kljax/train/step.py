@@ -1,0 +1,214 @@
+"""The jitted pieces of an RL iteration: scoring a batch, and the train step.
+
+Sequences are prompt + response, `tokens_bs` [B, S] with the response in the last R positions
+(S = P + R; the prompt is left-padded, the response right-padded). The log-prob of response token
+r comes from the hidden state at position P - 1 + r, so only [B, R] positions are ever projected to
+the vocabulary (never the prompt's), in chunks (`transformer.logprobs_from_hidden`).
+
+The loss minimized by `train_step` (before accumulation over micro-batches):
+    loss = sum(policy_loss_bt) / D_pg + beta * sum_b(kl.loss_b) / B
+where policy_loss is the clipped surrogate with the advantages (the KL reward penalty already folded
+in, see `advantages.token_advantages`), D_pg the aggregation's denominator over the *whole* batch,
+and kl.loss_b the configuration's differentiable KL term (`kljax.kl.kl_terms`). Denominators are
+global, so accumulating micro-batch gradients gives exactly the full-batch gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from kljax import losses
+from kljax.kl import KLConfig, kl_metrics, kl_terms
+from kljax.models import transformer as tfm
+from kljax.models.config import ModelConfig
+from kljax.train.state import TrainState
+
+Array = jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Batch:
+    """One RL batch, all arrays (B sequences of S = P + R tokens, R response positions).
+
+    tokens_bs int32 [B, S]; mask_bs bool [B, S] (False on padding); positions_bs int32 [B, S];
+    response_mask_br float32 [B, R] (1 on generated tokens up to and including the stop token);
+    sampler_logp_br [B, R] log mu of the sampled tokens; ref_logp_br [B, R] log pi_ref;
+    advantages_br [B, R]; beta: float32 scalar (traced, so an adaptive beta never recompiles).
+    """
+
+    tokens_bs: Array
+    mask_bs: Array
+    positions_bs: Array
+    response_mask_br: Array
+    sampler_logp_br: Array
+    ref_logp_br: Array
+    advantages_br: Array
+    beta: Array
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSettings:
+    """Static settings of the train step (hashable)."""
+
+    model: ModelConfig
+    kl: KLConfig
+    loss_aggregation: str = "seq-mean-token-mean"
+    clip_low: float | None = 0.2
+    clip_high: float | None = None
+    micro_batches: int = 1
+    logprob_chunk: int = 256
+
+    def __post_init__(self) -> None:
+        if self.loss_aggregation not in losses.AGGREGATIONS:
+            raise ValueError(
+                f"rl.loss_aggregation={self.loss_aggregation!r} is not valid; choose one of {list(losses.AGGREGATIONS)}"
+            )
+        if self.micro_batches < 1:
+            raise ValueError(f"rl.micro_batches={self.micro_batches} must be >= 1")
+        if self.kl.estimator == "full" and self.kl.placement != "none":
+            raise ValueError(
+                "kl.estimator='full' is not supported by the trainer yet (it needs the reference model's "
+                "logits inside the step); use it in `kljax bias-study`, or pick k1/k2/k3/k3+"
+            )
+
+
+def response_logprobs(
+    params: Any, tokens_bs: Array, mask_bs: Array, positions_bs: Array, response_len: int, model: ModelConfig,
+    chunk: int = 256, with_entropy: bool = False,
+) -> Array | tuple[Array, Array]:
+    """log p(response token r | everything before it), [B, R] float32 (and entropy [B, R])."""
+    hidden_bsd, _ = tfm.forward_hidden(params, tokens_bs, mask_bs, positions_bs, model)
+    s = tokens_bs.shape[1]
+    p = s - response_len
+    return tfm.logprobs_from_hidden(
+        params, hidden_bsd[:, p - 1 : s - 1], tokens_bs[:, p:], model, chunk_size=chunk, with_entropy=with_entropy
+    )
+
+
+def score(params: Any, ref_params: Any, batch: Batch, model: ModelConfig, chunk: int = 256) -> dict[str, Array]:
+    """Log-probs of the responses under the current policy (with entropy) and the reference. [B, R] each."""
+    r = batch.response_mask_br.shape[1]
+    logp, entropy = response_logprobs(
+        params, batch.tokens_bs, batch.mask_bs, batch.positions_bs, r, model, chunk, with_entropy=True
+    )
+    ref = response_logprobs(ref_params, batch.tokens_bs, batch.mask_bs, batch.positions_bs, r, model, chunk)
+    return {"logp": logp, "entropy": entropy, "ref_logp": ref}
+
+
+def batch_shardings(batch: Batch, mesh: Any) -> Batch:
+    """Per-field shardings: sequences split over the (data, fsdp) axes, the scalar beta replicated."""
+    from kljax import sharding as shd
+
+    return jax.tree.map(lambda x: shd.data_sharding(mesh, x.ndim) if x.ndim else shd.replicated(mesh), batch)
+
+
+def _loss_fn(params: Any, mb: Batch, pg_denominator: Array, n_sequences: Array, s: StepSettings):
+    r = mb.response_mask_br.shape[1]
+    logp = response_logprobs(params, mb.tokens_bs, mb.mask_bs, mb.positions_bs, r, s.model, s.logprob_chunk)
+    mask = mb.response_mask_br
+    pg_bt, clipped_bt = losses.policy_loss(logp, mb.sampler_logp_br, mb.advantages_br, mask, s.clip_low, s.clip_high)
+    pg_sum, _ = losses.aggregate(pg_bt, mask, s.loss_aggregation, max_len=r)
+    terms = kl_terms(s.kl, logp, mb.ref_logp_br, mask, mb.sampler_logp_br)
+    kl_loss_sum = jnp.sum(terms.loss_b)
+    loss = pg_sum / pg_denominator + mb.beta * kl_loss_sum / n_sequences
+    log_ratio = jnp.where(mask > 0, logp - mb.sampler_logp_br, 0.0)
+    aux = {
+        "pg_loss_sum": pg_sum,
+        "kl_loss_sum": kl_loss_sum,
+        "clipped_sum": jnp.sum(clipped_bt),
+        "ratio_sum": jnp.sum(jnp.exp(log_ratio) * mask),
+        "ratio_max": jnp.max(jnp.where(mask > 0, log_ratio, -jnp.inf)),
+        "ratio_min": jnp.min(jnp.where(mask > 0, log_ratio, jnp.inf)),
+    }
+    return loss, aux
+
+
+def _split(batch: Batch, n: int) -> Batch:
+    """[B, ...] -> [n, B/n, ...] for every per-sequence field (beta stays a scalar)."""
+
+    def split(x: Array) -> Array:
+        if x.ndim == 0:
+            return jnp.broadcast_to(x, (n,))
+        return x.reshape(n, x.shape[0] // n, *x.shape[1:])
+
+    return jax.tree.map(split, batch)
+
+
+def train_step(
+    state: TrainState, batch: Batch, *, settings: StepSettings, tx: optax.GradientTransformation
+) -> tuple[TrainState, dict[str, Array]]:
+    """One optimizer update on `batch`, gradients accumulated over `settings.micro_batches`.
+
+    A step whose loss or gradient is not finite leaves params and optimizer state unchanged and
+    reports `nonfinite = 1`. Pure: jit it once with shardings and `donate_argnums=0`.
+    """
+    b = batch.tokens_bs.shape[0]
+    m = settings.micro_batches
+    if b % m:
+        raise ValueError(f"batch of {b} sequences does not split into rl.micro_batches={m}")
+    mask = batch.response_mask_br
+    r = mask.shape[1]
+    _, pg_den = losses.aggregate(jnp.zeros_like(mask), mask, settings.loss_aggregation, max_len=r)
+    pg_den = jnp.maximum(pg_den, 1e-9)
+    n_seq = jnp.asarray(b, jnp.float32)
+    grad_fn = jax.value_and_grad(_loss_fn, has_aux=True)
+
+    def accumulate(carry, mb):
+        grads, loss, aux = carry
+        (l_mb, aux_mb), g_mb = grad_fn(state.params, mb, pg_den, n_seq, settings)
+        grads = jax.tree.map(jnp.add, grads, g_mb)
+        aux = {
+            k: (jnp.maximum if k == "ratio_max" else jnp.minimum if k == "ratio_min" else jnp.add)(aux[k], v)
+            for k, v in aux_mb.items()
+        }
+        return (grads, loss + l_mb, aux), None
+
+    zeros = jax.tree.map(jnp.zeros_like, state.params)
+    aux0 = {"pg_loss_sum": 0.0, "kl_loss_sum": 0.0, "clipped_sum": 0.0, "ratio_sum": 0.0,
+            "ratio_max": -jnp.inf, "ratio_min": jnp.inf}
+    aux0 = {k: jnp.asarray(v, jnp.float32) for k, v in aux0.items()}
+    if m == 1:
+        (grads, loss, aux), _ = accumulate((zeros, jnp.zeros((), jnp.float32), aux0), batch)
+    else:
+        (grads, loss, aux), _ = jax.lax.scan(accumulate, (zeros, jnp.zeros((), jnp.float32), aux0), _split(batch, m))
+
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    updates, new_opt = tx.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    keep = lambda new, old: jax.tree.map(lambda a, o: jnp.where(finite, a, o), new, old)
+    new_state = TrainState(
+        params=keep(new_params, state.params),
+        opt_state=keep(new_opt, state.opt_state),
+        step=state.step + 1,
+        rng=state.rng,
+    )
+    n_tokens = jnp.maximum(jnp.sum(mask), 1.0)
+    metrics = {
+        "loss": loss,
+        "pg_loss": aux["pg_loss_sum"] / pg_den,
+        "kl_loss": aux["kl_loss_sum"] / n_seq,
+        "grad_norm": grad_norm,
+        "clip_fraction": aux["clipped_sum"] / n_tokens,
+        "ratio_mean": aux["ratio_sum"] / n_tokens,
+        "ratio_max": jnp.exp(aux["ratio_max"]),
+        "ratio_min": jnp.exp(aux["ratio_min"]),
+        "nonfinite": 1.0 - finite.astype(jnp.float32),
+        "beta": batch.beta,
+    }
+    return new_state, metrics
+
+
+def batch_kl_metrics(scored: dict[str, Array], mask_br: Array) -> dict[str, Array]:
+    """k1/k2/k3 means, sequence KL, entropy and response length of a scored batch."""
+    out = kl_metrics(scored["logp"], scored["ref_logp"], mask_br)
+    n_tokens = jnp.maximum(jnp.sum(mask_br), 1.0)
+    out["entropy"] = jnp.sum(scored["entropy"] * mask_br) / n_tokens
+    out["response_length"] = jnp.mean(jnp.sum(mask_br, axis=1))
+    return out

@@ -1,0 +1,197 @@
+"""The RL training loop: `kljax train --config configs/NAME.py --workdir DIR [--resume]`.
+
+Per step s (0-based): the prompts are `task.examples(split, n, seed=(seed, s))`, so the data
+position is the step itself; the sampler uses the parameters of `rl.async_level` steps earlier
+(a queue of snapshots, checkpointed with the state); the batch is updated on `rl.updates_per_batch`
+times by the jitted `train_step`. With async_level 0 and one update, the importance ratio is 1 up
+to float rounding (on-policy). Everything a run writes goes under WORKDIR: checkpoints/,
+metrics.jsonl, tb/, eval_before.json, eval_after.json, config.json.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from tqdm.auto import tqdm
+
+from kljax import sharding as shd
+from kljax.checkpoint import RunCheckpointer
+from kljax.kl import adapt_beta, warn_if_biased
+from kljax.metrics import MetricsWriter, to_python
+from kljax.train import state as st
+from kljax.train.config import RunSettings, check_against_model, validate
+from kljax.train.evaluate_loop import evaluate_splits
+from kljax.train.policy import Policy, load_policy
+from kljax.train.rollout import rollout
+from kljax.train.step import StepSettings, batch_kl_metrics, batch_shardings, score, train_step
+
+PROGRESS_KEYS = ("reward", "accuracy", "kl_seq", "entropy")
+
+
+def _step_seed(seed: int, step: int) -> int:
+    return (seed * 1_000_003 + step) % (2**31 - 1)
+
+
+@dataclasses.dataclass
+class Run:
+    """Everything the loop needs, built once."""
+
+    settings: RunSettings
+    policy: Policy
+    task: Any
+    mesh: Any
+    tx: Any
+    state_shardings: Any
+    step_fn: Any
+    score_fn: Any
+    place: Any
+
+
+def enable_compilation_cache() -> None:
+    """Persist XLA compilations across runs (a resumed or repeated run skips most compile time),
+    under $KLJAX_CACHE/xla (default ~/.cache/kljax/xla), unless JAX already has a cache directory."""
+    if jax.config.jax_compilation_cache_dir:
+        return
+    from kljax.models.default import cache_root
+
+    jax.config.update("jax_compilation_cache_dir", str(cache_root() / "xla"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+def build(settings: RunSettings) -> tuple[Run, st.TrainState, Any]:
+    """Mesh, model, task and jitted functions; the initial state and the frozen reference params."""
+    from kljax.tasks.registry import get_task
+
+    enable_compilation_cache()
+    mesh = shd.make_mesh(*settings.mesh)
+    policy = load_policy(settings.raw.model, mesh, seed=settings.seed)
+    num_shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    check_against_model(settings, policy.model.max_position_embeddings, num_shards)
+    task_kwargs = {"data_dir": settings.raw.task.data_dir} if settings.raw.task.data_dir else {}
+    try:
+        task = get_task(settings.raw.task.name, **task_kwargs)
+    except TypeError:  # generated tasks take no data_dir
+        task = get_task(settings.raw.task.name)
+    task.validate_split(settings.raw.task.split)
+    tx = st.make_optimizer(settings.optim)
+    state, state_sh = st.state_from_params(policy.params, tx, policy.param_shardings, mesh, settings.seed)
+    ref_params = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=policy.param_shardings)(policy.params)
+    rl = settings.rl
+    step_settings = StepSettings(
+        policy.model, settings.kl, rl.loss_aggregation, rl.clip_low, rl.clip_high, rl.micro_batches
+    )
+    step_fn = jax.jit(functools.partial(train_step, settings=step_settings, tx=tx),
+                      out_shardings=(state_sh, None), donate_argnums=0)
+    score_fn = jax.jit(functools.partial(score, model=policy.model))
+
+    def place(batch):
+        return jax.device_put(batch, batch_shardings(batch, mesh))
+
+    run = Run(settings, policy, task, mesh, tx, state_sh, step_fn, score_fn, place)
+    return run, state, ref_params
+
+
+def _checkpoint_tree(state: st.TrainState, snapshots: collections.deque) -> dict[str, Any]:
+    return {"train": state, "snapshots": list(snapshots)}
+
+
+def train(config: ml_collections.ConfigDict, workdir: str | Path, resume: bool = False,
+          progress: bool = True, stop_after: int | None = None) -> dict[str, Any]:
+    """Run (or resume) the configured RL run; returns a summary with before/after evaluations.
+
+    `stop_after` ends this invocation after that many steps (checkpointing first), e.g. to fit a
+    preemptible time slot; `--resume` continues exactly where it stopped.
+    """
+    settings = validate(config)
+    warn_if_biased(settings.kl)
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    ckpt = RunCheckpointer(workdir / "checkpoints", settings.keep_checkpoints)
+    latest = ckpt.latest_step()
+    if latest is not None and not resume:
+        raise ValueError(
+            f"{workdir} already holds a run (checkpoint at step {latest}); pass --resume or a new --workdir"
+        )
+    run, state, ref_params = build(settings)
+    rl, kl = settings.rl, settings.kl
+    snapshots: collections.deque = collections.deque(
+        [ref_params] * rl.async_level, maxlen=max(rl.async_level, 1)
+    )
+    beta = float(kl.beta)
+    start = 0
+    writer = MetricsWriter(workdir)
+    if resume and latest is not None:
+        like = _checkpoint_tree(state, snapshots)
+        snapshot_shardings = collections.deque([run.policy.param_shardings] * len(snapshots))
+        shardings = _checkpoint_tree(run.state_shardings, snapshot_shardings)
+        restored, meta = ckpt.restore(latest, like, shardings)
+        state = restored["train"]
+        snapshots = collections.deque(restored["snapshots"], maxlen=max(rl.async_level, 1))
+        beta, start = float(meta["beta"]), int(meta["step"])
+        writer.truncate_after(start)
+    else:
+        (workdir / "config.json").write_text(json.dumps(settings.raw.to_dict(), indent=2, default=str))
+        before = evaluate_splits(run, state.params)
+        (workdir / "eval_before.json").write_text(json.dumps(before, indent=2))
+
+    done = start
+    bar = tqdm(range(start, settings.steps), initial=start, total=settings.steps, disable=not progress,
+               desc="kljax train", dynamic_ncols=True)
+    for step in bar:
+        t_step = time.perf_counter()
+        examples = run.task.examples(settings.raw.task.split, n=rl.prompts_per_step,
+                                     seed=_step_seed(settings.seed, step))
+        key = jax.random.fold_in(jax.random.PRNGKey(settings.seed), step)
+        sampler_params = snapshots[0] if rl.async_level else state.params
+        batch, info = rollout(
+            examples, run.task, run.policy.tokenizer, sampler_params=sampler_params, params=state.params,
+            ref_params=ref_params, model_config=run.policy.model, rl=rl, kl=kl, beta=beta,
+            prompt_format=settings.raw.task.prompt_format, key=key, score_fn=run.score_fn,
+            stop_token_ids=run.policy.stop_token_ids, pad_id=run.policy.pad_id, place=run.place, mesh=run.mesh,
+        )
+        if rl.async_level:
+            snapshots.append(jax.tree.map(jnp.copy, state.params))
+        t0 = time.perf_counter()
+        for _ in range(rl.updates_per_batch):
+            state, step_metrics = run.step_fn(state, batch)
+        jax.block_until_ready(state.params)
+        update_time = time.perf_counter() - t0
+        row = to_python(step_metrics)
+        row.update(to_python(batch_kl_metrics(info.scored, batch.response_mask_br)))
+        n_tokens = float(np.sum(np.asarray(batch.response_mask_br)))
+        elapsed = time.perf_counter() - t_step
+        row.update(
+            reward=float(info.rewards.mean()), accuracy=float(info.correct.mean()),
+            kl_penalty=float(beta * row["kl_seq"]) if kl.in_reward else 0.0,
+            time_sample=info.times["sample"], time_reward=info.times["reward"], time_score=info.times["score"],
+            time_update=update_time, time_step=elapsed, tokens_per_s=n_tokens / max(elapsed, 1e-9),
+        )
+        beta = float(adapt_beta(beta, row["kl_seq"], kl))
+        writer.write(step + 1, row)
+        bar.set_postfix({k: f"{row[k]:.3f}" for k in PROGRESS_KEYS})
+        done = step + 1
+        stopping = stop_after is not None and done - start >= stop_after
+        if done % settings.checkpoint_every == 0 or done == settings.steps or stopping:
+            ckpt.save(done, _checkpoint_tree(state, snapshots), {"step": done, "beta": beta})
+        if stopping:
+            break
+    bar.close()
+    writer.close()
+    ckpt.close()
+    if done < settings.steps:
+        return {"before": {}, "after": {}, "params": state.params, "stopped_at": done}
+    after = evaluate_splits(run, state.params)
+    (workdir / "eval_after.json").write_text(json.dumps(after, indent=2))
+    before_path = workdir / "eval_before.json"
+    before = json.loads(before_path.read_text()) if before_path.exists() else {}
+    return {"before": before, "after": after, "params": state.params}
