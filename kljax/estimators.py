@@ -61,8 +61,9 @@ def k3(d: Array) -> Array:
     """k3 = rho - 1 + d = expm1(-d) + d   (verl/TRL "low_var_kl").
 
     Value: unbiased (E[rho] = 1), >= 0, low variance near d = 0. Computed with expm1, and with
-    its Taylor series for |d| < 0.25, so that small d keeps full float32 relative precision; for d < -88 exp overflows float32 to inf (a log-ratio that large
-    means the reference gives the token e^88 times the policy's probability).
+    its Taylor series for |d| < 0.25, so that small d keeps full float32 relative precision; for
+    d < -88 exp overflows float32 to inf (a log-ratio that large means the reference gives the
+    token e^88 times the policy's probability).
     Gradient in loss, per token: (1 - rho_t) grad log pi, expectation at a fixed prefix
     -sum_v pi_ref(v) grad log pi(v) = grad KL(pi_ref || pi_theta)(h_t): a partial *forward* KL.
     In reward: neither the reverse nor the forward KL gradient.

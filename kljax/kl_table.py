@@ -36,7 +36,8 @@ def table_rows() -> list[dict]:
     rows = []
     for config, note in PRESETS:
         info = describe(config)
-        settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("beta", "target_kl", "adapt_horizon")}
+        skip = ("beta", "target_kl", "adapt_horizon")
+        settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in skip}
         rows.append(
             {
                 "name": info.name,
