@@ -19,6 +19,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("kljax.models.cli_generate", "generate text from a model directory"),
     "train": ("kljax.train.cli_train", "RL fine-tuning with a chosen KL configuration (the main job)"),
     "plot-run": ("kljax.train.cli_plot", "draw a run's metric curves as PNG"),
+    "plan": ("kljax.plan_cli", "per-device memory of a run on a given mesh (AOT compile, nothing allocated)"),
+    "eval": ("kljax.eval_cli", "greedy accuracy, mean@k and pass@k on in- and out-of-domain task splits"),
+    "sweep": ("kljax.sweep_cli", "run a grid of RL runs (KL configurations x beta x seeds), resumable"),
+    "report": ("kljax.report_cli", "report.md with tables and figures of a sweep directory"),
+    "bench": ("kljax.bench.cli", "benchmarks against the tools users would pick instead"),
 }
 
 

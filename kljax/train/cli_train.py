@@ -1,4 +1,9 @@
-"""`kljax train --config configs/NAME.py --workdir DIR [--resume] [--config.field=value ...]`."""
+"""`kljax train --config configs/NAME.py --workdir DIR [--resume] [--config.field=value ...]`.
+
+Multi-host: the same command on every host, with `--coordinator HOST:PORT --num-processes N
+--process-id I` (or KLJAX_COORDINATOR / KLJAX_NUM_PROCESSES / KLJAX_PROCESS_ID); on TPU VM pods and
+under SLURM no flags are needed (see `kljax.distributed`).
+"""
 
 from __future__ import annotations
 
@@ -17,21 +22,32 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--stop-after", type=int, default=None,
                         help="stop (after checkpointing) once this many steps ran in this invocation")
+    group = parser.add_argument_group("multi-host (one process per host; all flags or none)")
+    group.add_argument("--coordinator", default=None, help="HOST:PORT of process 0 (env KLJAX_COORDINATOR)")
+    group.add_argument("--num-processes", type=int, default=None, help="number of processes (env KLJAX_NUM_PROCESSES)")
+    group.add_argument("--process-id", type=int, default=None, help="this process, 0..N-1 (env KLJAX_PROCESS_ID)")
     parser.epilog = ("Any config field can be overridden, e.g. --config.kl.estimator=k3 --config.kl.placement=loss "
                      "--config.steps=50; run `kljax kl-configs` for the KL configurations.")
 
 
 def run(args: argparse.Namespace) -> int:
+    from kljax import distributed
     from kljax.train.config import apply_overrides, load_config
     from kljax.train.trainer import train
 
     try:
         config = apply_overrides(load_config(args.config), getattr(args, "overrides", []))
+        if distributed.initialize(distributed.options_from(
+            getattr(args, "coordinator", None), getattr(args, "num_processes", None), getattr(args, "process_id", None)
+        )):
+            distributed.quiet_unless_main()
         summary = train(config, args.workdir, resume=args.resume, progress=not args.no_progress,
                         stop_after=args.stop_after)
     except ValueError as e:
         print(f"kljax train: error: {e}", file=sys.stderr)
         return 2
+    if not distributed.is_main_process():
+        return 0
     if "stopped_at" in summary:
         print(f"stopped after step {summary['stopped_at']}; continue with --resume")
         return 0

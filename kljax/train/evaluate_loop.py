@@ -1,4 +1,8 @@
-"""Greedy evaluation of a policy on a task's splits, batched through the sampler (before/after a run)."""
+"""Greedy evaluation of a policy on a task's splits, batched through the sampler (before/after a run).
+
+Multi-host: every process runs the sampler on its shards, then gathers the completions and scores
+all of them (evaluation is small next to training; every process returns the same numbers).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import jax
 import numpy as np
 
 from kljax import sampling
+from kljax.distributed import gather
 from kljax.tasks.rewards import score_batch
 from kljax.train.rollout import decode_responses, encode_prompts, prompt_texts
 
@@ -23,8 +28,8 @@ def greedy_completions(policy: Any, params: Any, texts: list[str], max_prompt_le
         padded = chunk + [chunk[-1]] * (batch_size - len(chunk))
         ids, mask = encode_prompts(padded, policy.tokenizer, max_prompt_len, policy.pad_id)
         result = sampling.generate(params, policy.model, ids, mask, jax.random.PRNGKey(0), settings, mesh=mesh)
-        texts_out = decode_responses(policy.tokenizer, np.asarray(result.response_tokens_rn),
-                                     np.asarray(result.response_mask_rn))
+        tokens, response_mask = gather((result.response_tokens_rn, result.response_mask_rn))
+        texts_out = decode_responses(policy.tokenizer, tokens, response_mask)
         out.extend(texts_out[: len(chunk)])
     return out
 

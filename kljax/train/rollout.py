@@ -6,6 +6,11 @@
              --step.score (current params, reference params)--> log pi, log pi_ref, entropy
              --kl_terms + token_advantages--> advantages with the KL reward penalty folded in
 
+Multi-host: every process tokenizes the step's prompts (the same host data, so the prompt bucket
+agrees) and the sampler places only each process's shards; each process then decodes and rewards
+only the samples on its own devices (`kljax.distributed.local_rows`), and the rewards re-enter the
+mesh as one global array built from those rows.
+
 Prompt and response buffers have fixed sizes (rl.max_prompt_len, rl.max_new_tokens), so neither
 the sampler nor the train step ever recompiles during a run.
 """
@@ -23,7 +28,9 @@ import numpy as np
 
 from kljax import advantages as adv
 from kljax import sampling
+from kljax.distributed import global_from_local_rows, local_rows
 from kljax.kl import KLConfig, kl_terms
+from kljax.sharding import data_sharding
 from kljax.tasks.base import Example, Task
 from kljax.tasks.prompting import build_messages, render_messages
 from kljax.tasks.rewards import score_batch
@@ -35,13 +42,20 @@ Array = jax.Array
 
 @dataclasses.dataclass
 class RolloutInfo:
-    """Host-side results of a rollout: texts, rewards, timings."""
+    """Host-side results of a rollout: texts, rewards, timings.
+
+    In a multi-host run `completions`, `rewards` and `correct` are this process's rows only (`rows`);
+    `reward_mean` and `accuracy_mean` are global.
+    """
 
     completions: list[str]
     rewards: np.ndarray
     correct: np.ndarray
     scored: dict[str, Array]
     times: dict[str, float]
+    rows: np.ndarray | None = None  # global rows of completions/rewards/correct (this process's samples)
+    reward_mean: float = float("nan")  # over the whole (global) batch
+    accuracy_mean: float = float("nan")
 
 
 def prompt_texts(examples: Sequence[Example], task: Task, tokenizer: Any, prompt_format: str) -> list[str]:
@@ -108,30 +122,39 @@ def rollout(
         stop_token_ids=tuple(stop_token_ids), n=rl.group_size,
     )
     result = sampling.generate(sampler_params, model_config, prompt_ids, prompt_mask, key, params_s, mesh=mesh)
-    response_ids = np.asarray(result.response_tokens_rn)
-    response_mask = np.asarray(result.response_mask_rn).astype(np.float32)
+    response_tokens, response_mask = result.response_tokens_rn, result.response_mask_rn
+    if mesh is not None:  # rows split over the data axes: each process rewards the samples it holds
+        response_tokens, response_mask = jax.device_put((response_tokens, response_mask), data_sharding(mesh, 2))
+    rows, local_ids = local_rows(response_tokens)
+    _, local_mask = local_rows(response_mask)
     times["sample"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     g = rl.group_size
-    repeated = [ex for ex in examples for _ in range(g)]
-    completions = decode_responses(tokenizer, response_ids, response_mask)
-    rewards, correct = score_batch(task, repeated, completions)
-    rewards = np.asarray(rewards, np.float32)
+    completions = decode_responses(tokenizer, local_ids, local_mask)
+    rewards, correct = score_batch(task, [examples[i // g] for i in rows], completions)
+    rewards, correct = np.asarray(rewards, np.float32), np.asarray(correct, bool)
+    b, r = response_mask.shape
+    if mesh is None:
+        rewards_b, correct_b = jnp.asarray(rewards), jnp.asarray(correct, jnp.float32)
+    else:
+        rows_sharding = data_sharding(mesh, 1)
+        rewards_b = global_from_local_rows(rewards, rows, b, rows_sharding)
+        correct_b = global_from_local_rows(correct.astype(np.float32), rows, b, rows_sharding)
     times["reward"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    b, r = response_mask.shape
     partial = place(Batch(
         tokens_bs=result.sequence_tokens_rs, mask_bs=result.sequence_mask_rs,
-        positions_bs=result.sequence_positions_rs, response_mask_br=jnp.asarray(response_mask),
+        positions_bs=result.sequence_positions_rs, response_mask_br=response_mask.astype(jnp.float32),
         sampler_logp_br=jnp.asarray(result.response_logprobs_rn, jnp.float32),
         ref_logp_br=jnp.zeros((b, r), jnp.float32), advantages_br=jnp.zeros((b, r), jnp.float32),
         beta=jnp.float32(beta),
     ))
     scored = score_fn(params, ref_params, partial)
     terms = kl_terms(kl, scored["logp"], scored["ref_logp"], partial.response_mask_br, partial.sampler_logp_br)
-    advantages = adv.token_advantages(jnp.asarray(rewards), terms.penalty_bt, terms.penalty_b, beta, g, rl.advantage)
+    advantages = adv.token_advantages(rewards_b, terms.penalty_bt, terms.penalty_b, beta, g, rl.advantage)
     batch = dataclasses.replace(partial, ref_logp_br=scored["ref_logp"], advantages_br=advantages)
     times["score"] = time.perf_counter() - t0
-    return batch, RolloutInfo(completions, rewards, np.asarray(correct, bool), scored, times)
+    return batch, RolloutInfo(completions, rewards, correct, scored, times, rows,
+                              float(jnp.mean(rewards_b)), float(jnp.mean(correct_b)))

@@ -6,6 +6,9 @@ position is the step itself; the sampler uses the parameters of `rl.async_level`
 times by the jitted `train_step`. With async_level 0 and one update, the importance ratio is 1 up
 to float rounding (on-policy). Everything a run writes goes under WORKDIR: checkpoints/,
 metrics.jsonl, tb/, eval_before.json, eval_after.json, config.json.
+
+Multi-host (`kljax.distributed`): every process runs this loop on the global mesh; checkpoints are
+written by all processes together, files and the progress bar by process 0 only.
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 from tqdm.auto import tqdm
 
+from kljax import distributed
 from kljax import sharding as shd
 from kljax.checkpoint import RunCheckpointer
 from kljax.kl import adapt_beta, warn_if_biased
@@ -73,8 +76,10 @@ def build(settings: RunSettings) -> tuple[Run, st.TrainState, Any]:
     from kljax.tasks.registry import get_task
 
     enable_compilation_cache()
-    mesh = shd.make_mesh(*settings.mesh)
+    mesh_shape = distributed.check_mesh(settings.mesh, jax.device_count(), settings.rl)
+    mesh = shd.make_mesh(*mesh_shape)
     policy = load_policy(settings.raw.model, mesh, seed=settings.seed)
+    distributed.check_mesh(mesh_shape, jax.device_count(), settings.rl, policy.model)
     num_shards = mesh.shape["data"] * mesh.shape["fsdp"]
     check_against_model(settings, policy.model.max_position_embeddings, num_shards)
     task_kwargs = {"data_dir": settings.raw.task.data_dir} if settings.raw.task.data_dir else {}
@@ -115,6 +120,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, resume: bool =
     settings = validate(config)
     warn_if_biased(settings.kl)
     workdir = Path(workdir)
+    main = distributed.is_main_process()
     workdir.mkdir(parents=True, exist_ok=True)
     ckpt = RunCheckpointer(workdir / "checkpoints", settings.keep_checkpoints)
     latest = ckpt.latest_step()
@@ -140,12 +146,14 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, resume: bool =
         beta, start = float(meta["beta"]), int(meta["step"])
         writer.truncate_after(start)
     else:
-        (workdir / "config.json").write_text(json.dumps(settings.raw.to_dict(), indent=2, default=str))
+        if main:
+            (workdir / "config.json").write_text(json.dumps(settings.raw.to_dict(), indent=2, default=str))
         before = evaluate_splits(run, state.params)
-        (workdir / "eval_before.json").write_text(json.dumps(before, indent=2))
+        if main:
+            (workdir / "eval_before.json").write_text(json.dumps(before, indent=2))
 
     done = start
-    bar = tqdm(range(start, settings.steps), initial=start, total=settings.steps, disable=not progress,
+    bar = tqdm(range(start, settings.steps), initial=start, total=settings.steps, disable=not (progress and main),
                desc="kljax train", dynamic_ncols=True)
     for step in bar:
         t_step = time.perf_counter()
@@ -168,10 +176,10 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, resume: bool =
         update_time = time.perf_counter() - t0
         row = to_python(step_metrics)
         row.update(to_python(batch_kl_metrics(info.scored, batch.response_mask_br)))
-        n_tokens = float(np.sum(np.asarray(batch.response_mask_br)))
+        n_tokens = float(jnp.sum(batch.response_mask_br))
         elapsed = time.perf_counter() - t_step
         row.update(
-            reward=float(info.rewards.mean()), accuracy=float(info.correct.mean()),
+            reward=info.reward_mean, accuracy=info.accuracy_mean,
             kl_penalty=float(beta * row["kl_seq"]) if kl.in_reward else 0.0,
             time_sample=info.times["sample"], time_reward=info.times["reward"], time_score=info.times["score"],
             time_update=update_time, time_step=elapsed, tokens_per_s=n_tokens / max(elapsed, 1e-9),
@@ -191,7 +199,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, resume: bool =
     if done < settings.steps:
         return {"before": {}, "after": {}, "params": state.params, "stopped_at": done}
     after = evaluate_splits(run, state.params)
-    (workdir / "eval_after.json").write_text(json.dumps(after, indent=2))
+    if main:
+        (workdir / "eval_after.json").write_text(json.dumps(after, indent=2))
     before_path = workdir / "eval_before.json"
     before = json.loads(before_path.read_text()) if before_path.exists() else {}
     return {"before": before, "after": after, "params": state.params}
