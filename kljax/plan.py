@@ -288,11 +288,14 @@ def make_plan(config: ml_collections.ConfigDict, mesh_shape: tuple[int, int, int
                                      rl.micro_batches)
         step = jax.jit(functools.partial(train_step, settings=step_settings, tx=tx),
                        in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, None), donate_argnums=0)
-        compiled["train"] = compile_memory("train step", step.lower(state, batch), top)
+        with jax.set_mesh(mesh):  # the context mesh turns on the model's activation sharding constraints
+            lowered = step.lower(state, batch)
+        compiled["train"] = compile_memory("train step", lowered, top)
     if "score" in programs:
-        scorer = jax.jit(functools.partial(score, model=model))
-        compiled["score"] = compile_memory("score (policy + reference log-probs)",
-                                           scorer.lower(params, params, batch), top)
+        scorer = jax.jit(functools.partial(score, model=model, micro_batches=rl.micro_batches))
+        with jax.set_mesh(mesh):
+            lowered = scorer.lower(params, params, batch)
+        compiled["score"] = compile_memory("score (policy + reference log-probs)", lowered, top)
     if "sample" in programs:
         sp = sampling.SamplingParams(max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_p=rl.top_p,
                                      top_k=rl.top_k, stop_token_ids=tuple(model.eos_token_ids), n=g)

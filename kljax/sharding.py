@@ -110,6 +110,24 @@ def logical_to_sharding(
     )
 
 
+def constrain_batch(x: jax.Array) -> jax.Array:
+    """Shard an activation's leading (batch) dim over the (data, fsdp) axes of the mesh in context.
+
+    Under `jax.set_mesh(mesh)` this pins activations to data parallelism, so the compiler
+    all-gathers FSDP-sharded weights rather than replicating the batch on every device (which it
+    otherwise may choose, holding whole-batch activations per device). Outside a mesh context, or
+    when the batch does not divide, it returns x unchanged.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or x.ndim == 0:
+        return x
+    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
+    axes = tuple(a for a in LOGICAL_RULES["batch"] if sizes.get(a, 1) > 1)
+    if not axes or x.shape[0] % math.prod(sizes[a] for a in axes):
+        return x
+    return jax.lax.with_sharding_constraint(x, PartitionSpec(axes, *([None] * (x.ndim - 1))))
+
+
 def data_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
     """Sharding for a batch array [B, ...]: batch over (data, fsdp), other dims replicated."""
     return NamedSharding(mesh, PartitionSpec(("data", "fsdp"), *([None] * (ndim - 1))))

@@ -57,7 +57,8 @@ def run_step(mesh, kl, tx, aggregation="seq-mean-token-mean", micro=1, seed=0):
     step = jax.jit(functools.partial(train_step, settings=settings, tx=tx), out_shardings=(s_sh, None),
                    donate_argnums=0)
     old = jax.device_get(state.params)
-    new_state, metrics = step(state, batch)
+    with jax.set_mesh(mesh):  # as the trainer runs it: activation sharding constraints on
+        new_state, metrics = step(state, batch)
     return old, jax.device_get(new_state.params), metrics
 
 

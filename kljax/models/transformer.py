@@ -48,6 +48,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from kljax.models.config import ModelConfig
+from kljax.sharding import constrain_batch
 
 Params = dict[str, Any]
 _NEG = -1e30  # finite, so fully masked rows give uniform attention instead of NaN
@@ -299,7 +300,7 @@ def forward_hidden(
         raise ValueError("with a cache, pass positions_bt: the new tokens' positions depend on the prefix")
     mask_bt = jnp.ones((b, t), bool) if mask_bt is None else mask_bt.astype(bool)
     positions_bt = positions_from_mask(mask_bt) if positions_bt is None else positions_bt
-    x = jnp.take(params["embed"], tokens_bt, axis=0).astype(config.jnp_dtype)
+    x = constrain_batch(jnp.take(params["embed"], tokens_bt, axis=0).astype(config.jnp_dtype))
     rope = _rope_tables(positions_bt, config)
     query_slot = jnp.arange(t)
     if cache is None:
@@ -317,7 +318,8 @@ def forward_hidden(
     def body(carry, layer):
         x, kv = carry
         lp, i = layer
-        return _layer(x, lp, rope, allowed, kv, i, cache_index, config), None
+        x, kv = _layer(x, lp, rope, allowed, kv, i, cache_index, config)
+        return (constrain_batch(x), kv), None
 
     body = _remat(body, config)
     layers = params["layers"]
@@ -397,6 +399,7 @@ def logprobs_from_hidden(
     @jax.checkpoint
     def chunk(args):
         h_bcd, t_bc = args
+        h_bcd = constrain_batch(h_bcd)
         logits = logits_from_hidden(params, h_bcd, config)
         if temperature != 1.0:
             logits = logits / temperature

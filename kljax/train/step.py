@@ -26,6 +26,7 @@ from kljax import losses
 from kljax.kl import KLConfig, kl_metrics, kl_terms
 from kljax.models import transformer as tfm
 from kljax.models.config import ModelConfig
+from kljax.sharding import constrain_batch
 from kljax.train.state import TrainState
 
 Array = jax.Array
@@ -91,14 +92,30 @@ def response_logprobs(
     )
 
 
-def score(params: Any, ref_params: Any, batch: Batch, model: ModelConfig, chunk: int = 256) -> dict[str, Array]:
-    """Log-probs of the responses under the current policy (with entropy) and the reference. [B, R] each."""
-    r = batch.response_mask_br.shape[1]
-    logp, entropy = response_logprobs(
-        params, batch.tokens_bs, batch.mask_bs, batch.positions_bs, r, model, chunk, with_entropy=True
-    )
-    ref = response_logprobs(ref_params, batch.tokens_bs, batch.mask_bs, batch.positions_bs, r, model, chunk)
-    return {"logp": logp, "entropy": entropy, "ref_logp": ref}
+def score(
+    params: Any, ref_params: Any, batch: Batch, model: ModelConfig, chunk: int = 256, micro_batches: int = 1
+) -> dict[str, Array]:
+    """Log-probs of the responses under the current policy (with entropy) and the reference. [B, R] each.
+
+    With micro_batches > 1 the batch is scored in strided slices one after another (`lax.map`), so
+    activations are held for B / micro_batches sequences at a time.
+    """
+
+    def one(mb: Batch) -> dict[str, Array]:
+        mb = _constrain(mb)
+        r = mb.response_mask_br.shape[1]
+        logp, entropy = response_logprobs(
+            params, mb.tokens_bs, mb.mask_bs, mb.positions_bs, r, model, chunk, with_entropy=True
+        )
+        ref = response_logprobs(ref_params, mb.tokens_bs, mb.mask_bs, mb.positions_bs, r, model, chunk)
+        return {"logp": logp, "entropy": entropy, "ref_logp": ref}
+
+    if micro_batches == 1:
+        return one(batch)
+    if batch.tokens_bs.shape[0] % micro_batches:
+        raise ValueError(f"batch of {batch.tokens_bs.shape[0]} sequences does not split into {micro_batches}")
+    out = jax.lax.map(one, _split(batch, micro_batches))
+    return {k: _unsplit(v) for k, v in out.items()}
 
 
 def batch_shardings(batch: Batch, mesh: Any) -> Batch:
@@ -108,7 +125,12 @@ def batch_shardings(batch: Batch, mesh: Any) -> Batch:
     return jax.tree.map(lambda x: shd.data_sharding(mesh, x.ndim) if x.ndim else shd.replicated(mesh), batch)
 
 
+def _constrain(batch: Batch) -> Batch:
+    return jax.tree.map(constrain_batch, batch)
+
+
 def _loss_fn(params: Any, mb: Batch, pg_denominator: Array, n_sequences: Array, s: StepSettings):
+    mb = _constrain(mb)
     r = mb.response_mask_br.shape[1]
     logp = response_logprobs(params, mb.tokens_bs, mb.mask_bs, mb.positions_bs, r, s.model, s.logprob_chunk)
     mask = mb.response_mask_br
@@ -130,14 +152,24 @@ def _loss_fn(params: Any, mb: Batch, pg_denominator: Array, n_sequences: Array, 
 
 
 def _split(batch: Batch, n: int) -> Batch:
-    """[B, ...] -> [n, B/n, ...] for every per-sequence field (beta stays a scalar)."""
+    """[B, ...] -> [n, B/n, ...], strided: micro-batch i holds rows i, i + n, i + 2n, ...
+
+    Rows are sharded over devices in contiguous blocks, so a strided split gives every micro-batch
+    an equal share of every device's rows (a contiguous split would put a micro-batch on one device).
+    The scalar beta is broadcast.
+    """
 
     def split(x: Array) -> Array:
         if x.ndim == 0:
             return jnp.broadcast_to(x, (n,))
-        return x.reshape(n, x.shape[0] // n, *x.shape[1:])
+        return x.reshape(x.shape[0] // n, n, *x.shape[1:]).swapaxes(0, 1)
 
     return jax.tree.map(split, batch)
+
+
+def _unsplit(x_nb: Array) -> Array:
+    """Inverse of `_split` for one field: [n, B/n, ...] -> [B, ...]."""
+    return x_nb.swapaxes(0, 1).reshape(-1, *x_nb.shape[2:])
 
 
 def train_step(

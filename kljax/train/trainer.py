@@ -71,6 +71,17 @@ def enable_compilation_cache() -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
+def under_mesh(fn: Any, mesh: Any) -> Any:
+    """Call `fn` (a jitted function) with `mesh` as the context mesh, so that tracing sees it and
+    the model's activation constraints (`sharding.constrain_batch`) apply."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with jax.set_mesh(mesh):
+            return fn(*args, **kwargs)
+
+    return call
+
+
 def build(settings: RunSettings) -> tuple[Run, st.TrainState, Any]:
     """Mesh, model, task and jitted functions; the initial state and the frozen reference params."""
     from kljax.tasks.registry import get_task
@@ -95,9 +106,10 @@ def build(settings: RunSettings) -> tuple[Run, st.TrainState, Any]:
     step_settings = StepSettings(
         policy.model, settings.kl, rl.loss_aggregation, rl.clip_low, rl.clip_high, rl.micro_batches
     )
-    step_fn = jax.jit(functools.partial(train_step, settings=step_settings, tx=tx),
-                      out_shardings=(state_sh, None), donate_argnums=0)
-    score_fn = jax.jit(functools.partial(score, model=policy.model))
+    step_fn = under_mesh(jax.jit(functools.partial(train_step, settings=step_settings, tx=tx),
+                                 out_shardings=(state_sh, None), donate_argnums=0), mesh)
+    score_fn = under_mesh(jax.jit(functools.partial(score, model=policy.model, micro_batches=rl.micro_batches)),
+                          mesh)
 
     def place(batch):
         return jax.device_put(batch, batch_shardings(batch, mesh))
