@@ -1,0 +1,16 @@
+"""A smoke sweep on the tiny config: 2 KL configurations + no KL, one beta, one seed, 2 steps per run;
+'full-both-rtg' is in the grid to show how a configuration the trainer rejects is listed (not run).
+
+    kljax sweep --config configs/sweep_tiny.py --out /tmp/sweep_tiny && kljax report /tmp/sweep_tiny
+"""
+
+
+def get_config():
+    return dict(
+        base_config="tiny.py",
+        base_overrides=["steps=2", "checkpoint_every=1", "eval_examples=8"],
+        kl=["none", "k1-reward", "k3-loss", "full-both-rtg"],
+        beta=[0.05],
+        seed=[0],
+        variants={"onpolicy": []},
+    )

@@ -1,0 +1,321 @@
+"""Evaluation: greedy accuracy, mean@k and unbiased pass@k on in-domain and out-of-domain task splits.
+
+For each task split, `n_examples` prompts are drawn with `task.examples(split, n, seed)` and sent
+through the jitted sampler twice, batched:
+  * greedy (one completion per prompt)              -> greedy accuracy (and mean reward);
+  * `n` samples per prompt (`SamplingParams.n`) at temperature T (top-p / top-k as configured)
+    -> for prompt i, c_i of the n samples are correct, and with k <= n:
+
+        mean@k  = mean_i (1/n) sum_j correct_ij            (expected accuracy of one sample; n = k by default)
+        pass@k  = mean_i [ 1 - C(n - c_i, k) / C(n, k) ]    (Chen et al. 2021, "Evaluating Large Language
+                                                            Models Trained on Code", eq. 1: unbiased for
+                                                            P(at least one of k samples is correct))
+
+    computed in the numerically stable product form
+        C(n - c, k) / C(n, k) = prod_{i = n - c + 1}^{n} (1 - k / i)      (and pass@k = 1 when n - c < k),
+    which never forms a large binomial coefficient.
+
+A split is out-of-domain when its name starts with "ood", or when it belongs to another task than
+the one the model was trained on (known for a `kljax train` workdir); otherwise in-domain.
+
+Models: "tiny" (random init, `config.model.tiny`), "default" (SmolLM2-135M-Instruct), a Hugging Face
+checkpoint directory (e.g. one written by `kljax.models.convert.export_hf`, or by `kljax.sft`), or a
+`kljax train` workdir's latest (or chosen) checkpoint, restored with `RunCheckpointer` (`restore_params`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from kljax import sampling
+
+# ------------------------------------------------------------------------------------------ estimators
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k).
+
+    Product form: C(n-c, k)/C(n, k) = prod_{i=n-c+1}^{n} (1 - k/i). Needs 0 <= c <= n and 1 <= k <= n.
+    """
+    if not (0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1, dtype=np.float64)))
+
+
+def mean_pass_at_k(correct_pn: np.ndarray, k: int) -> float:
+    """pass@k averaged over prompts; correct_pn [P, n] bool (n samples of each of P prompts)."""
+    correct_pn = np.asarray(correct_pn, bool)
+    n = correct_pn.shape[1]
+    return float(np.mean([pass_at_k(n, int(c), k) for c in correct_pn.sum(axis=1)]))
+
+
+def mean_at_k(correct_pn: np.ndarray) -> float:
+    """mean@k: the mean accuracy over all samples of all prompts, (1/(P n)) sum_ij correct_ij [P, n]."""
+    return float(np.mean(np.asarray(correct_pn, np.float64)))
+
+
+# ------------------------------------------------------------------------------------------ settings
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+    """k: the k of pass@k and mean@k; n_samples: samples per prompt (>= k; default k); n_examples per
+    split; sampling temperature/top_p/top_k; prompt and response buffer sizes; batch_size: sequences
+    per sampler call (prompts * samples); prompt_format: chat, plain or raw; seed: examples and keys."""
+
+    k: int = 4
+    n_samples: int | None = None
+    n_examples: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_prompt_len: int = 64
+    max_new_tokens: int = 32
+    batch_size: int = 32
+    prompt_format: str = "chat"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise ValueError(f"k={self.k} must be >= 1")
+        if self.n_samples is not None and self.n_samples < self.k:
+            raise ValueError(f"n_samples={self.n_samples} must be >= k={self.k} (pass@k needs n >= k)")
+        if self.n_examples < 1 or self.batch_size < 1:
+            raise ValueError("n_examples and batch_size must be >= 1")
+
+    @property
+    def samples(self) -> int:
+        return self.n_samples or self.k
+
+    @classmethod
+    def from_run_config(cls, config: ml_collections.ConfigDict, **changes: Any) -> EvalSettings:
+        """Defaults from a run config (its prompt format, buffers, temperature, eval_examples, seed)."""
+        rl = config.rl
+        values = dict(
+            n_examples=int(config.eval_examples), temperature=float(rl.temperature), top_p=float(rl.top_p),
+            top_k=int(rl.top_k), max_prompt_len=int(rl.max_prompt_len), max_new_tokens=int(rl.max_new_tokens),
+            batch_size=int(rl.prompts_per_step) * int(rl.group_size), prompt_format=str(config.task.prompt_format),
+            seed=int(config.seed),
+        )
+        values.update({k: v for k, v in changes.items() if v is not None})
+        return cls(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """One task split to evaluate: its spec ("arithmetic:ood_digits"), the task object, the split."""
+
+    spec: str
+    task: Any
+    split: str
+
+
+def parse_tasks(specs: str | Sequence[str], data_dir: str = "") -> list[Split]:
+    """"name:split,name:split" -> Splits; a bare "name" means every split of the task except train."""
+    from kljax.tasks.registry import parse_task_spec
+
+    items = [s.strip() for s in specs.split(",")] if isinstance(specs, str) else [s.strip() for s in specs]
+    out = []
+    for item in filter(None, items):
+        kwargs = {"data_dir": data_dir} if data_dir else {}
+        try:
+            task, split = parse_task_spec(item, **kwargs)
+        except TypeError:  # generated tasks take no data_dir
+            task, split = parse_task_spec(item)
+        splits = [split] if split else [s for s in task.splits if s != "train"] or list(task.splits)
+        out.extend(Split(f"{task.name}:{s}", task, s) for s in splits)
+    if not out:
+        raise ValueError(f"no task splits in {specs!r}; give e.g. arithmetic:test,arithmetic:ood_digits")
+    return out
+
+
+def domain(split: Split, train_task: str | None = None) -> str:
+    """"ood" for splits named ood* or of another task than the training task, else "in"."""
+    if split.split.startswith("ood") or (train_task is not None and split.task.name != train_task):
+        return "ood"
+    return "in"
+
+
+# ------------------------------------------------------------------------------------------ models
+
+
+def make_mesh(config: ml_collections.ConfigDict) -> Any:
+    """The run config's (data, fsdp, tensor) mesh; if it does not fit the devices here, all devices on fsdp."""
+    from kljax import sharding as shd
+
+    try:
+        return shd.make_mesh(int(config.mesh.data), int(config.mesh.fsdp), int(config.mesh.tensor))
+    except ValueError:
+        return shd.make_mesh(1, -1, 1)
+
+
+def load_model(config: ml_collections.ConfigDict, mesh: Any) -> Any:
+    """`kljax.train.policy.Policy` for config.model ("tiny", "default" or an HF checkpoint dir)."""
+    from kljax.train.policy import load_policy
+
+    return load_policy(config.model, mesh, seed=int(config.seed))
+
+
+def restore_params(workdir: str | Path, step: int | None = None, mesh: Any = None,
+                   overrides: Sequence[str] = ()) -> tuple[Any, Any, Any, int]:
+    """(params, policy, run config, step) of a `kljax train` WORKDIR's checkpoint (default: the latest).
+
+    `overrides` ("--config.field=value") change WORKDIR/config.json first (e.g. the mesh or dtype).
+    The checkpoint tree is {"train": TrainState, "snapshots": [params] * rl.async_level}; the abstract
+    target comes from `jax.eval_shape`, so nothing but the restored arrays is materialized."""
+    from kljax.checkpoint import RunCheckpointer
+    from kljax.train import state as st
+    from kljax.train.config import validate
+
+    workdir = Path(workdir)
+    config_path = workdir / "config.json"
+    if not config_path.exists():
+        raise ValueError(f"{workdir} has no config.json: is it a `kljax train` workdir?")
+    config = ml_collections.ConfigDict(json.loads(config_path.read_text()))
+    if overrides:
+        from kljax.train.config import apply_overrides
+
+        config = apply_overrides(config, list(overrides))
+    settings = validate(config)
+    mesh = mesh if mesh is not None else make_mesh(config)
+    policy = load_model(config, mesh)
+    ckpt = RunCheckpointer(workdir / "checkpoints", settings.keep_checkpoints)
+    try:
+        step = ckpt.latest_step() if step is None else step
+        if step is None:
+            raise ValueError(f"{workdir / 'checkpoints'} holds no checkpoint yet")
+        if step not in ckpt.all_steps():
+            raise ValueError(f"no checkpoint at step {step} in {workdir}; available: {ckpt.all_steps()}")
+        tx = st.make_optimizer(settings.optim)
+        abstract_state = jax.eval_shape(
+            lambda p: st.TrainState(p, tx.init(p), jnp.zeros((), jnp.int32),
+                                    jax.random.key_data(jax.random.PRNGKey(0))), policy.params)
+        state_sh = st.state_shardings(abstract_state, policy.param_shardings, mesh, tx)
+        n_snap = settings.rl.async_level
+        abstract_params = jax.eval_shape(lambda p: p, policy.params)
+        like = {"train": abstract_state, "snapshots": [abstract_params] * n_snap}
+        shardings = {"train": state_sh, "snapshots": [policy.param_shardings] * n_snap}
+        restored, _ = ckpt.restore(step, like, shardings)
+    finally:
+        ckpt.close()
+    params = restored["train"].params
+    return params, dataclasses.replace(policy, params=params), config, int(step)
+
+
+# ------------------------------------------------------------------------------------------ evaluation
+
+
+def _shards(mesh: Any) -> int:
+    return 1 if mesh is None else int(mesh.shape["data"] * mesh.shape["fsdp"])
+
+
+def complete(policy: Any, params: Any, texts: Sequence[str], params_s: sampling.SamplingParams, key: jax.Array,
+             prompts_per_call: int, max_prompt_len: int, mesh: Any = None, bar: Any = None) -> list[list[str]]:
+    """`params_s.n` completions of each text, `prompts_per_call` prompts per sampler call (the last call
+    padded with copies of its last prompt, so every call has the same shape and compiles once)."""
+    from kljax.train.rollout import decode_responses, encode_prompts
+
+    shards = _shards(mesh)
+    per_call = max(shards, -(-prompts_per_call // shards) * shards)
+    out: list[list[str]] = []
+    for b, i in enumerate(range(0, len(texts), per_call)):
+        chunk = list(texts[i : i + per_call])
+        padded = chunk + [chunk[-1]] * (per_call - len(chunk))
+        ids, mask = encode_prompts(padded, policy.tokenizer, max_prompt_len, policy.pad_id)
+        result = sampling.generate(params, policy.model, ids, mask, jax.random.fold_in(key, b), params_s, mesh=mesh)
+        decoded = decode_responses(policy.tokenizer, np.asarray(result.response_tokens_rn),
+                                   np.asarray(result.response_mask_rn))
+        n = params_s.n
+        out.extend(decoded[j * n : (j + 1) * n] for j in range(len(chunk)))
+        if bar is not None:
+            bar.update(len(chunk) * n)
+    return out
+
+
+def evaluate_split(policy: Any, params: Any, split: Split, s: EvalSettings, mesh: Any = None,
+                   key: jax.Array | None = None, bar: Any = None) -> dict[str, Any]:
+    """Greedy accuracy/reward, mean@k, pass@k (and pass@1) of one split; also the greedy completions."""
+    from kljax.tasks.rewards import score_batch
+    from kljax.train.rollout import prompt_texts
+
+    key = jax.random.PRNGKey(s.seed) if key is None else key
+    examples = split.task.examples(split.split, n=s.n_examples, seed=s.seed)
+    texts = prompt_texts(examples, split.task, policy.tokenizer, s.prompt_format)
+    stops = tuple(policy.stop_token_ids)
+    greedy_s = sampling.SamplingParams(greedy=True, temperature=0.0, max_new_tokens=s.max_new_tokens,
+                                       stop_token_ids=stops, n=1)
+    greedy = [c[0] for c in complete(policy, params, texts, greedy_s, key, s.batch_size, s.max_prompt_len, mesh, bar)]
+    g_rewards, g_correct = score_batch(split.task, examples, greedy)
+    n = s.samples
+    sample_s = sampling.SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                                       max_new_tokens=s.max_new_tokens, stop_token_ids=stops, n=n)
+    sampled = complete(policy, params, texts, sample_s, jax.random.fold_in(key, 1), max(1, s.batch_size // n),
+                       s.max_prompt_len, mesh, bar)
+    flat = [c for group in sampled for c in group]
+    rewards, correct = score_batch(split.task, [ex for ex in examples for _ in range(n)], flat)
+    correct_pn = np.asarray(correct, bool).reshape(len(examples), n)
+    return {
+        "task": split.task.name, "split": split.split, "n": len(examples),
+        "greedy_accuracy": float(np.mean(g_correct)), "greedy_reward": float(np.mean(g_rewards)),
+        "k": s.k, "n_samples": n, "temperature": s.temperature,
+        "mean_at_k": mean_at_k(correct_pn), "pass_at_k": mean_pass_at_k(correct_pn, s.k),
+        "pass_at_1": mean_pass_at_k(correct_pn, 1), "sample_reward": float(np.mean(rewards)),
+        "greedy_completions": greedy,
+    }
+
+
+def evaluate(policy: Any, params: Any, splits: Sequence[Split], s: EvalSettings, mesh: Any = None,
+             train_task: str | None = None, progress: bool = True) -> dict[str, dict[str, Any]]:
+    """{spec: metrics} for every split (see `evaluate_split`), each tagged with its domain ("in"/"ood")."""
+    from tqdm.auto import tqdm
+
+    total = sum(min(s.n_examples, _split_size(sp, s)) for sp in splits) * (1 + s.samples)
+    results = {}
+    with tqdm(total=total, disable=not progress, desc="kljax eval", unit="seq", dynamic_ncols=True) as bar:
+        for i, sp in enumerate(splits):
+            bar.set_postfix_str(sp.spec)
+            key = jax.random.fold_in(jax.random.PRNGKey(s.seed), i)
+            results[sp.spec] = {**evaluate_split(policy, params, sp, s, mesh, key, bar),
+                                "domain": domain(sp, train_task)}
+    return results
+
+
+def _split_size(split: Split, s: EvalSettings) -> int:
+    """How many examples a split yields for n_examples (loaded sets may have fewer); for the bar only."""
+    size = getattr(split.task, "default_size", {}).get(split.split)
+    return s.n_examples if size is None else min(size, s.n_examples)
+
+
+def format_table(results: dict[str, dict[str, Any]]) -> str:
+    """A fixed-width table: split, domain, n, greedy accuracy, mean@k, pass@k."""
+    if not results:
+        return "(no results)"
+    k = next(iter(results.values()))["k"]
+    width = max(12, *(len(spec) for spec in results))
+    lines = [f"{'task:split':<{width}}  domain  {'n':>5}  greedy  mean@{k:<3} pass@{k:<3}"]
+    for spec, r in results.items():
+        lines.append(f"{spec:<{width}}  {r['domain']:<6}  {r['n']:>5}  {r['greedy_accuracy']:6.3f}  "
+                     f"{r['mean_at_k']:7.3f}  {r['pass_at_k']:7.3f}")
+    return "\n".join(lines)
+
+
+def summarize(results: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Mean greedy accuracy, mean@k and pass@k over the in-domain and over the out-of-domain splits."""
+    out = {}
+    for dom in ("in", "ood"):
+        rows = [r for r in results.values() if r["domain"] == dom]
+        for metric in ("greedy_accuracy", "mean_at_k", "pass_at_k"):
+            out[f"{dom}_{metric}"] = float(np.mean([r[metric] for r in rows])) if rows else math.nan
+    return out
