@@ -14,6 +14,7 @@ def base() -> ml_collections.ConfigDict:
     c.steps = 100
     c.checkpoint_every = 25
     c.keep_checkpoints = 3
+    c.max_nonfinite_steps = 5  # stop after this many consecutive steps with a non-finite loss or gradient
     c.eval_every = 0  # 0: evaluate only before and after the run
     c.eval_examples = 64
     c.model = ml_collections.ConfigDict(

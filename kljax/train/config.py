@@ -91,6 +91,7 @@ class RunSettings:
     seed: int
     checkpoint_every: int
     keep_checkpoints: int
+    max_nonfinite_steps: int
     mesh: tuple[int, int, int]
 
 
@@ -162,7 +163,7 @@ def validate(config: ml_collections.ConfigDict) -> RunSettings:
     optim_values = dict(config.optim)
     optim_values.setdefault("total_steps", int(config.steps))
     optim = OptimConfig(**optim_values)
-    for name in ("steps", "checkpoint_every", "keep_checkpoints"):
+    for name in ("steps", "checkpoint_every", "keep_checkpoints", "max_nonfinite_steps"):
         if int(config[name]) < 1:
             raise ValueError(f"config.{name}={config[name]} must be >= 1")
     source = config.model.source
@@ -177,7 +178,7 @@ def validate(config: ml_collections.ConfigDict) -> RunSettings:
         )
     mesh = (int(config.mesh.data), int(config.mesh.fsdp), int(config.mesh.tensor))
     return RunSettings(config, kl, rl, optim, int(config.steps), int(config.seed), int(config.checkpoint_every),
-                       int(config.keep_checkpoints), mesh)
+                       int(config.keep_checkpoints), int(config.max_nonfinite_steps), mesh)
 
 
 def check_against_model(settings: RunSettings, max_positions: int, num_shards: int) -> None:

@@ -17,6 +17,8 @@ import collections
 import dataclasses
 import functools
 import json
+import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,20 @@ from kljax.train.rollout import rollout
 from kljax.train.step import StepSettings, batch_kl_metrics, batch_shardings, score, train_step
 
 PROGRESS_KEYS = ("reward", "accuracy", "kl_seq", "entropy")
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive steps had a non-finite loss or gradient."""
+
+
+def host_memory_mb() -> float:
+    """Resident memory of this process in MiB (Linux /proc; nan elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return float("nan")
 
 
 def _step_seed(seed: int, step: int) -> int:
@@ -165,6 +181,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, resume: bool =
             (workdir / "eval_before.json").write_text(json.dumps(before, indent=2))
 
     done = start
+    nonfinite_run = 0
     bar = tqdm(range(start, settings.steps), initial=start, total=settings.steps, disable=not (progress and main),
                desc="kljax train", dynamic_ncols=True)
     for step in bar:
@@ -196,8 +213,21 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, resume: bool =
             time_sample=info.times["sample"], time_reward=info.times["reward"], time_score=info.times["score"],
             time_update=update_time, time_step=elapsed, tokens_per_s=n_tokens / max(elapsed, 1e-9),
         )
-        beta = float(adapt_beta(beta, row["kl_seq"], kl))
+        row["host_memory_mb"] = host_memory_mb()
+        if math.isfinite(row["kl_seq"]):
+            beta = float(adapt_beta(beta, row["kl_seq"], kl))
         writer.write(step + 1, row)
+        nonfinite_run = nonfinite_run + 1 if row["nonfinite"] > 0 else 0
+        if nonfinite_run >= settings.max_nonfinite_steps:
+            writer.close()
+            ckpt.close()
+            raise NonFiniteError(
+                f"{nonfinite_run} steps in a row (up to step {step + 1}) had a non-finite loss or gradient "
+                f"(last: loss={row['loss']}, grad_norm={row['grad_norm']}, pg_loss={row['pg_loss']}, "
+                f"kl_loss={row['kl_loss']}); those updates were skipped, so parameters and optimizer state are "
+                f"those of the last good step. Last checkpoint: step {ckpt.latest_step()} in {workdir}. "
+                "Lower optim.learning_rate or check the rewards; raise max_nonfinite_steps to tolerate more."
+            )
         bar.set_postfix({k: f"{row[k]:.3f}" for k in PROGRESS_KEYS})
         done = step + 1
         stopping = stop_after is not None and done - start >= stop_after
