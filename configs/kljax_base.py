@@ -31,7 +31,7 @@ def base() -> ml_collections.ConfigDict:
     )
     c.task = ml_collections.ConfigDict(
         dict(name="arithmetic", split="train", eval_splits="test,ood_digits,ood_ops", prompt_format="chat",
-             data_dir="")
+             answer_format="", data_dir="")  # answer_format: "boxed", "answer_line" or "" (the task's own)
     )
     c.kl = ml_collections.ConfigDict(
         dict(estimator="k1", placement="reward", credit="sequence", scope="token", off_policy="none",

@@ -20,10 +20,10 @@ def get_config():
     c.kl.beta = 0.05                    # grid {0, 0.05, 0.1, 0.3, 1} (secondary source)
     c.rl.advantage = "rloo"
     c.rl.group_size = 5                 # GUESS (secondary source)
-    c.rl.prompts_per_step = 52          # GUESS (~256 sequences)
+    c.rl.prompts_per_step = 64          # GUESS: 320 sequences, so micro-batches split over 8-32 devices
     c.rl.max_prompt_len = 512           # GUESS
     c.rl.max_new_tokens = 1024          # GUESS
-    c.rl.micro_batches = 13             # GUESS: memory
+    c.rl.micro_batches = 10             # GUESS: memory; 32 sequences per micro-batch
     c.optim.learning_rate = 1e-6        # GUESS
     c.optim.warmup_steps = 10           # GUESS
     return c

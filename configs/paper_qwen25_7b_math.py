@@ -30,12 +30,12 @@ def get_config():
     c.kl.beta = 0.05                    # grid {0, 0.05, 0.1, 0.3, 1} (secondary source)
     c.rl.advantage = "rloo"
     c.rl.group_size = 5                 # guess (secondary source)
-    c.rl.prompts_per_step = 52          # ~256 sequences / 5 (guess: 260 so that 5 | batch)
+    c.rl.prompts_per_step = 64          # guess: 320 sequences, so micro-batches split over 8-32 devices
     c.rl.max_prompt_len = 512           # guess
     c.rl.max_new_tokens = 1024          # guess
     c.rl.temperature = 1.0              # guess (secondary source)
     c.rl.top_p = 1.0                    # guess (secondary source)
-    c.rl.micro_batches = 13             # guess: memory
+    c.rl.micro_batches = 10             # guess: memory; 32 sequences per micro-batch
     c.optim.learning_rate = 1e-6        # guess
     c.optim.warmup_steps = 10           # guess
     c.mesh.data = 1

@@ -176,6 +176,14 @@ def validate(config: ml_collections.ConfigDict) -> RunSettings:
             f"config.task.prompt_format={config.task.prompt_format!r} is not valid; "
             f"choose one of {list(PROMPT_FORMATS)}"
         )
+    from kljax.tasks.prompting import ANSWER_FORMATS
+
+    answer_format = config.task.get("answer_format", "")
+    if answer_format and answer_format not in ANSWER_FORMATS:
+        raise ValueError(
+            f"config.task.answer_format={answer_format!r} is not valid; choose one of {sorted(ANSWER_FORMATS)} "
+            "or '' for the task's default"
+        )
     mesh = (int(config.mesh.data), int(config.mesh.fsdp), int(config.mesh.tensor))
     return RunSettings(config, kl, rl, optim, int(config.steps), int(config.seed), int(config.checkpoint_every),
                        int(config.keep_checkpoints), int(config.max_nonfinite_steps), mesh)

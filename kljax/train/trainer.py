@@ -115,6 +115,8 @@ def build(settings: RunSettings) -> tuple[Run, st.TrainState, Any]:
     except TypeError:  # generated tasks take no data_dir
         task = get_task(settings.raw.task.name)
     task.validate_split(settings.raw.task.split)
+    if settings.raw.task.get("answer_format"):
+        task.answer_format = settings.raw.task.answer_format  # how prompts ask for the final answer
     tx = st.make_optimizer(settings.optim)
     state, state_sh = st.state_from_params(policy.params, tx, policy.param_shardings, mesh, settings.seed)
     ref_params = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=policy.param_shardings)(policy.params)
