@@ -1,0 +1,483 @@
+"""The jitted sampler: one batched prefill, then a `lax.while_loop` decode over a KV cache.
+
+    result = generate(params, config, prompt_tokens_bp, prompt_mask_bp, key, SamplingParams(...))
+
+Shapes: B prompts, n samples per prompt (R = B * n response rows), P = the prompt length bucket,
+N = `max_new_tokens`, V = vocab. Row r of every [R, ...] output belongs to prompt r // n.
+
+* Prompts may be left- or right-padded (any mask whose valid tokens are contiguous); they are
+  left-aligned on the host, trimmed to the longest prompt and left-padded to `bucket_length(...)`,
+  so one compiled program serves every batch of the same (B, P bucket, sampling params).
+* Prefill runs the B prompts once; the cache rows and last logits are then repeated n times.
+* The decode loop is a `lax.while_loop` over a `DecodeState` of fixed-size buffers. It stops when
+  every row has emitted a stop token or after N tokens. Rows that stopped keep sampling (the batch
+  runs anyway); everything after a row's first stop token is masked once, after the loop. The stop
+  token itself is kept in the response and its mask is True.
+* Log-probs are those of the sampled token under the exact distribution it was drawn from: logits
+  divided by the temperature, restricted to the top-k, then to the top-p nucleus, renormalized.
+  With `greedy` (or temperature 0) the distribution is a point mass, so the sampler reports the
+  model's own log-prob instead (temperature 1, no truncation), which is what an off-policy
+  correction needs. At temperature 1 with no truncation they equal teacher-forced log-probs
+  (`response_logprobs`) to float32 rounding.
+
+The decode step itself lives in `kljax.sampling_step` (attention over the filled cache prefix only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from kljax import sampling_step as step_lib
+from kljax import sharding as sharding_lib
+from kljax.models.config import ModelConfig
+from kljax.models.transformer import Params, positions_from_mask, token_logprobs
+from kljax.sampling_step import constrain_batch, prefill
+
+DEFAULT_PROMPT_BUCKETS: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+def bucket_length(n: int, buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS) -> int:
+    """The smallest bucket >= n; beyond the largest bucket, n rounded up to a multiple of it.
+
+    An empty `buckets` means no bucketing (returns n).
+    """
+    if n < 1:
+        raise ValueError(f"bucket_length needs n >= 1, got {n}")
+    ordered = sorted(int(b) for b in buckets)
+    if any(b < 1 for b in ordered):
+        raise ValueError(f"buckets must be positive, got {tuple(buckets)}")
+    if not ordered:
+        return n
+    for b in ordered:
+        if n <= b:
+            return b
+    return -(-n // ordered[-1]) * ordered[-1]
+
+
+# ---------------------------------------------------------------------------------------- params
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Static, hashable sampler settings (a jit static argument: each distinct value compiles once).
+
+    max_new_tokens: response length N (the fixed buffer size).
+    temperature: logits are divided by it; 0 means greedy.
+    top_p: nucleus mass in (0, 1]; 1 disables it.
+    top_k: keep the k most likely tokens; 0 disables it.
+    greedy: argmax decoding (temperature, top_p, top_k ignored).
+    stop_token_ids: a response ends at the first of these (kept, masked after).
+    n: samples per prompt.
+    """
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    greedy: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    n: int = 1
+
+    def __post_init__(self) -> None:
+        stops = self.stop_token_ids
+        if isinstance(stops, int | np.integer):
+            stops = (stops,)
+        try:
+            stops = tuple(sorted({int(s) for s in stops}))
+        except TypeError as e:
+            raise ValueError(f"stop_token_ids must be a sequence of ints, got {self.stop_token_ids!r}") from e
+        object.__setattr__(self, "stop_token_ids", stops)
+        if any(s < 0 for s in stops):
+            raise ValueError(f"stop_token_ids must be non-negative, got {stops}")
+        if not isinstance(self.max_new_tokens, int | np.integer) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not isinstance(self.top_k, int | np.integer) or self.top_k < 0:
+            raise ValueError(f"top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
+        if not isinstance(self.n, int | np.integer) or self.n < 1:
+            raise ValueError(f"n (samples per prompt) must be an int >= 1, got {self.n!r}")
+        object.__setattr__(self, "max_new_tokens", int(self.max_new_tokens))
+        object.__setattr__(self, "top_k", int(self.top_k))
+        object.__setattr__(self, "n", int(self.n))
+        object.__setattr__(self, "temperature", float(self.temperature))
+        object.__setattr__(self, "top_p", float(self.top_p))
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.greedy or self.temperature == 0.0
+
+
+# ---------------------------------------------------------------------------------------- sampling
+
+_CHUNK = 256  # inverse-CDF sampling first picks a chunk of this many candidates, then a token in it
+
+
+def _first_argmax(x_rc: jax.Array) -> jax.Array:
+    """argmax over the last axis (first index on ties) as two plain reductions, which XLA CPU
+    vectorizes (its variadic argmax reduce does not)."""
+    c = x_rc.shape[-1]
+    best = jnp.max(x_rc, axis=-1, keepdims=True)
+    return jnp.min(jnp.where(x_rc == best, jnp.arange(c, dtype=jnp.int32), c), axis=-1).astype(jnp.int32)
+
+
+def _top_p_threshold(probs_rv: jax.Array, top_p: float) -> jax.Array:
+    """Per row, the largest probability t with sum(p >= t) >= top_p: keeping tokens with p >= t is
+    the nucleus (ties at the boundary kept). Exact bisection on the float bits (31 passes, no sort)."""
+    bits_rv = jax.lax.bitcast_convert_type(probs_rv, jnp.int32)  # monotone for p >= 0
+
+    def body(_, bounds):
+        lo, hi = bounds
+        mid = lo + (hi - lo + 1) // 2
+        ok = jnp.sum(jnp.where(bits_rv >= mid[:, None], probs_rv, 0.0), axis=-1) >= top_p
+        return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid - 1)
+
+    lo = jnp.zeros(probs_rv.shape[:1], jnp.int32)
+    lo, _ = jax.lax.fori_loop(0, 31, body, (lo, jnp.max(bits_rv, axis=-1)))
+    return jax.lax.bitcast_convert_type(lo, jnp.float32)
+
+
+def candidate_logits(logits_rv: jax.Array, sampling: SamplingParams) -> tuple[jax.Array, jax.Array | None]:
+    """The distribution sampled from, as candidate logits with excluded tokens at -inf.
+
+    Order as in transformers: temperature, then top-k, then top-p. Returns (logits_rc, ids_rc):
+    with top-k the C = k candidates are the k best (sorted) and ids_rc maps them to vocab ids;
+    otherwise all V logits and ids None.
+    """
+    logits_rv = logits_rv.astype(jnp.float32) / sampling.temperature
+    v = logits_rv.shape[-1]
+    k = min(sampling.top_k, v)
+    if k:
+        logits_rc, ids_rc = jax.lax.top_k(logits_rv, k)  # sorted, best first
+        if sampling.top_p < 1.0:
+            probs_rc = jax.nn.softmax(logits_rc, axis=-1)
+            keep_rc = (jnp.cumsum(probs_rc, axis=-1) - probs_rc < sampling.top_p).at[:, 0].set(True)
+            logits_rc = jnp.where(keep_rc, logits_rc, -jnp.inf)
+        return logits_rc, ids_rc
+    if sampling.top_p < 1.0:
+        probs_rv = jax.nn.softmax(logits_rv, axis=-1)
+        keep_rv = probs_rv >= _top_p_threshold(probs_rv, sampling.top_p)[:, None]
+        logits_rv = jnp.where(keep_rv, logits_rv, -jnp.inf)
+    return logits_rv, None
+
+
+def inverse_cdf_sample(logits_rc: jax.Array, u_r: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Index i ~ softmax(logits_rc) per row from uniforms u_r in [0, 1), and log softmax at i.
+
+    One uniform per row instead of C Gumbel draws: the cumulative mass is searched in two levels
+    (chunks of _CHUNK, then within the chosen chunk). A -inf (zero-mass) candidate is never drawn.
+    """
+    r, c = logits_rc.shape
+    chunk = _CHUNK if c > 2 * _CHUNK else c
+    pad = -c % chunk
+    if pad:
+        logits_rc = jnp.pad(logits_rc, ((0, 0), (0, pad)), constant_values=-jnp.inf)
+    nc = logits_rc.shape[1] // chunk
+    top_r1 = jnp.max(logits_rc, axis=-1, keepdims=True)
+    e_rnk = jnp.exp(logits_rc - top_r1).reshape(r, nc, chunk)
+    mass_rn = jnp.sum(e_rnk, axis=-1)
+    cum_rn = jnp.cumsum(mass_rn, axis=-1)
+    total_r = cum_rn[:, -1]
+    target_r = u_r * total_r
+    # First chunk whose cumulative mass exceeds the target (it has positive mass); rounding at the
+    # very top falls back to the last chunk with mass.
+    j_r = jnp.sum(cum_rn <= target_r[:, None], axis=-1).astype(jnp.int32)
+    last_j_r = (nc - 1 - _first_argmax((mass_rn[:, ::-1] > 0).astype(jnp.int32))).astype(jnp.int32)
+    j_r = jnp.where(j_r < nc, j_r, last_j_r)
+    e_rk = jnp.take_along_axis(e_rnk, j_r[:, None, None], axis=1)[:, 0]
+    base_r = jnp.where(j_r > 0, jnp.take_along_axis(cum_rn, jnp.maximum(j_r - 1, 0)[:, None], axis=1)[:, 0], 0.0)
+    i_r = jnp.sum(base_r[:, None] + jnp.cumsum(e_rk, axis=-1) <= target_r[:, None], axis=-1).astype(jnp.int32)
+    last_i_r = (chunk - 1 - _first_argmax((e_rk[:, ::-1] > 0).astype(jnp.int32))).astype(jnp.int32)
+    i_r = jnp.where(i_r < chunk, i_r, last_i_r)
+    index_r = j_r * chunk + i_r
+    picked_r = jnp.take_along_axis(logits_rc, index_r[:, None], axis=1)[:, 0]
+    return index_r, picked_r - top_r1[:, 0] - jnp.log(total_r)
+
+
+def sample_logits(logits_rv: jax.Array, key: jax.Array, sampling: SamplingParams) -> tuple[jax.Array, jax.Array]:
+    """Draw one token per row from float32 logits [R, V]: (tokens int32 [R], log-probs float32 [R]).
+
+    The log-prob is that of the drawn token under the distribution drawn from (see the module
+    docstring; greedy reports the model's temperature-1 log-prob).
+    """
+    logits_rv = logits_rv.astype(jnp.float32)
+    if sampling.is_greedy:
+        tokens_r = _first_argmax(logits_rv)
+        picked_r = jnp.take_along_axis(logits_rv, tokens_r[:, None], axis=-1)[:, 0]
+        return tokens_r, picked_r - jax.nn.logsumexp(logits_rv, axis=-1)
+    logits_rc, ids_rc = candidate_logits(logits_rv, sampling)
+    u_r = jax.random.uniform(key, logits_rv.shape[:1], jnp.float32)
+    choice_r, logp_r = inverse_cdf_sample(logits_rc, u_r)
+    tokens_r = choice_r if ids_rc is None else jnp.take_along_axis(ids_rc, choice_r[:, None], axis=-1)[:, 0]
+    return tokens_r.astype(jnp.int32), logp_r
+
+
+def sampling_logprobs(logits_rv: jax.Array, tokens_r: jax.Array, sampling: SamplingParams) -> jax.Array:
+    """log q(token) [R] under the sampler's distribution for these logits (-inf if excluded)."""
+    logits_rv = logits_rv.astype(jnp.float32)
+    if sampling.is_greedy:
+        return jnp.take_along_axis(jax.nn.log_softmax(logits_rv, -1), tokens_r[:, None], -1)[:, 0]
+    logits_rc, ids_rc = candidate_logits(logits_rv, sampling)
+    logq_rc = jax.nn.log_softmax(logits_rc, axis=-1)
+    if ids_rc is None:
+        return jnp.take_along_axis(logq_rc, tokens_r[:, None], -1)[:, 0]
+    return jnp.max(jnp.where(ids_rc == tokens_r[:, None], logq_rc, -jnp.inf), axis=-1)
+
+
+# ---------------------------------------------------------------------------------------- state
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DecodeState:
+    """The `lax.while_loop` carry. R rows, N = max_new_tokens.
+
+    step: int32 [] tokens sampled so far; tokens_rn int32 [R, N]; logp_rn float32 [R, N];
+    done_r bool [R] (a stop token was sampled); positions_r int32 [R] (RoPE position of the last
+    sampled token); cache: the KV cache (see `kljax.sampling_step`); key: the PRNG key of the run.
+    """
+
+    step: jax.Array
+    tokens_rn: jax.Array
+    logp_rn: jax.Array
+    done_r: jax.Array
+    positions_r: jax.Array
+    cache: step_lib.DecodeCache
+    key: jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SampleResult:
+    """What the sampler returns. R = B * n rows (row r is a sample of prompt r // n), N new tokens,
+    P the prompt bucket, S = P + N.
+
+    response_tokens_rn int32 [R, N]: sampled ids, pad id after the stop token / past the end.
+    response_mask_rn bool [R, N]: True up to and including the first stop token.
+    response_logprobs_rn float32 [R, N]: sampler log-probs (0 where masked).
+    response_lengths_r int32 [R]; stopped_r bool [R]: the response ends with a stop token.
+    prompt_tokens_rp, prompt_mask_rp [R, P]: the left-padded prompts, repeated n times.
+    sequence_tokens_rs, sequence_mask_rs, sequence_positions_rs [R, S]: prompt + response, to
+    teacher-force (`response_logprobs`). num_steps int32 []: decode steps actually run.
+    """
+
+    response_tokens_rn: jax.Array
+    response_mask_rn: jax.Array
+    response_logprobs_rn: jax.Array
+    response_lengths_r: jax.Array
+    stopped_r: jax.Array
+    prompt_tokens_rp: jax.Array
+    prompt_mask_rp: jax.Array
+    sequence_tokens_rs: jax.Array
+    sequence_mask_rs: jax.Array
+    sequence_positions_rs: jax.Array
+    num_steps: jax.Array
+
+    @property
+    def prompt_length(self) -> int:
+        """P, the (bucketed) prompt width; response token j sits at sequence index P + j."""
+        return self.prompt_tokens_rp.shape[1]
+
+
+# ---------------------------------------------------------------------------------------- the loop
+
+
+def _pad_id(config: ModelConfig) -> int:
+    return int(config.pad_token_id) if config.pad_token_id is not None else 0
+
+
+@partial(jax.jit, static_argnames=("config", "sampling", "mesh"))
+def _generate_jit(
+    params: Params,
+    prompt_tokens_bp: jax.Array,
+    prompt_mask_bp: jax.Array,
+    key: jax.Array,
+    *,
+    config: ModelConfig,
+    sampling: SamplingParams,
+    mesh: Mesh | None,
+) -> SampleResult:
+    b, p = prompt_tokens_bp.shape
+    n, big_n = sampling.n, sampling.max_new_tokens
+    r = b * n
+    positions_bp = positions_from_mask(prompt_mask_bp)
+
+    logits_bv, cache = prefill(params, prompt_tokens_bp, prompt_mask_bp, positions_bp, config=config)
+    # n samples per prompt: repeat the prefilled rows, not the prefill.
+    cache = step_lib.constrain_cache(step_lib.repeat_rows(cache, n), mesh)
+    logits_rv = constrain_batch(jnp.repeat(logits_bv, n, axis=0), mesh)
+    stop_ids = jnp.asarray(sampling.stop_token_ids or (-1,), jnp.int32)
+
+    tokens0_r, logp0_r = sample_logits(logits_rv, jax.random.fold_in(key, 0), sampling)
+    state = DecodeState(
+        step=jnp.ones((), jnp.int32),
+        tokens_rn=constrain_batch(jnp.zeros((r, big_n), jnp.int32).at[:, 0].set(tokens0_r), mesh),
+        logp_rn=constrain_batch(jnp.zeros((r, big_n), jnp.float32).at[:, 0].set(logp0_r), mesh),
+        done_r=jnp.isin(tokens0_r, stop_ids),
+        positions_r=jnp.repeat(positions_bp[:, -1], n) + 1,
+        cache=cache,
+        key=key,
+    )
+
+    def step_fn(state: DecodeState, logits_rv: jax.Array, cache: step_lib.DecodeCache) -> DecodeState:
+        tok_r, logp_r = sample_logits(logits_rv, jax.random.fold_in(state.key, state.step), sampling)
+        return DecodeState(
+            step=state.step + 1,
+            tokens_rn=jax.lax.dynamic_update_index_in_dim(state.tokens_rn, tok_r, state.step, 1),
+            logp_rn=jax.lax.dynamic_update_index_in_dim(state.logp_rn, logp_r, state.step, 1),
+            done_r=state.done_r | jnp.isin(tok_r, stop_ids),
+            positions_r=state.positions_r + 1,
+            cache=cache,
+            key=state.key,
+        )
+
+    weights = step_lib.decode_weights(params, config, fuse=mesh is None and step_lib.FUSE_WEIGHTS)
+    state = step_lib.decode_loop(
+        weights, state, step_fn, prompt_len=p, config=config, max_new_tokens=big_n, mesh=mesh
+    )
+
+    # Mask everything after the first stop token, once.
+    j_n = jnp.arange(big_n)
+    ran_rn = j_n[None, :] < state.step
+    is_stop_rn = jnp.isin(state.tokens_rn, stop_ids) & ran_rn
+    stopped_r = jnp.any(is_stop_rn, axis=-1)
+    first_stop_r = jnp.where(stopped_r, jnp.argmax(is_stop_rn, axis=-1), big_n)
+    mask_rn = ran_rn & (j_n[None, :] <= first_stop_r[:, None])
+    tokens_rn = jnp.where(mask_rn, state.tokens_rn, _pad_id(config))
+    logp_rn = jnp.where(mask_rn, state.logp_rn, 0.0)
+
+    prompt_tokens_rp = jnp.repeat(prompt_tokens_bp, n, axis=0)
+    prompt_mask_rp = jnp.repeat(prompt_mask_bp, n, axis=0)
+    seq_tokens = jnp.concatenate([prompt_tokens_rp, tokens_rn], axis=1)
+    seq_mask = jnp.concatenate([prompt_mask_rp, mask_rn], axis=1)
+    return SampleResult(
+        response_tokens_rn=tokens_rn,
+        response_mask_rn=mask_rn,
+        response_logprobs_rn=logp_rn,
+        response_lengths_r=mask_rn.sum(-1).astype(jnp.int32),
+        stopped_r=stopped_r,
+        prompt_tokens_rp=prompt_tokens_rp,
+        prompt_mask_rp=prompt_mask_rp,
+        sequence_tokens_rs=seq_tokens,
+        sequence_mask_rs=seq_mask,
+        sequence_positions_rs=positions_from_mask(seq_mask),
+        num_steps=state.step,
+    )
+
+
+# ---------------------------------------------------------------------------------------- entry
+
+
+def prepare_prompts(
+    prompt_tokens_bp: np.ndarray | jax.Array,
+    prompt_mask_bp: np.ndarray | jax.Array | None,
+    *,
+    buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,
+    pad_id: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Host-side: left-align (left- or right-padded input), trim and left-pad to the length bucket.
+
+    Returns tokens int32 [B, P] and mask bool [B, P] with P = bucket_length(longest prompt).
+    Raises ValueError for a wrongly shaped batch, an empty prompt, or a mask with holes.
+    """
+    tokens = np.asarray(prompt_tokens_bp)
+    if tokens.ndim != 2 or tokens.shape[0] == 0:
+        raise ValueError(f"prompt tokens must be a non-empty [B, P] array, got shape {tokens.shape}")
+    mask = np.ones(tokens.shape, bool) if prompt_mask_bp is None else np.asarray(prompt_mask_bp).astype(bool)
+    if mask.shape != tokens.shape:
+        raise ValueError(f"prompt mask shape {mask.shape} differs from prompt tokens shape {tokens.shape}")
+    lengths = mask.sum(axis=1)
+    if (lengths == 0).any():
+        raise ValueError(f"empty prompt (no valid tokens) in row(s) {np.flatnonzero(lengths == 0).tolist()}")
+    first, last = mask.argmax(axis=1), mask.shape[1] - 1 - mask[:, ::-1].argmax(axis=1)
+    if (last - first + 1 != lengths).any():
+        raise ValueError("each prompt's valid tokens must be contiguous (left or right padding, no holes)")
+    order = np.argsort(mask, axis=1, kind="stable")  # padding first, tokens after, in order
+    tokens = np.take_along_axis(tokens, order, axis=1)
+    p = bucket_length(int(lengths.max()), buckets)
+    out_tokens = np.full((tokens.shape[0], p), pad_id, np.int32)
+    out_mask = np.zeros((tokens.shape[0], p), bool)
+    width = min(p, tokens.shape[1])
+    out_tokens[:, p - width:] = tokens[:, tokens.shape[1] - width:]
+    out_mask[:, p - width:] = np.sort(mask, axis=1)[:, tokens.shape[1] - width:]
+    out_tokens[~out_mask] = pad_id
+    return out_tokens, out_mask
+
+
+def generate(
+    params: Params,
+    model_config: ModelConfig,
+    prompt_tokens_bp: np.ndarray | jax.Array,
+    prompt_mask_bp: np.ndarray | jax.Array | None,
+    key: jax.Array,
+    sampling: SamplingParams,
+    *,
+    mesh: Mesh | None = None,
+    prompt_buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,
+) -> SampleResult:
+    """Sample `sampling.n` responses of `sampling.max_new_tokens` tokens for each of B prompts.
+
+    prompt_tokens_bp int [B, P], prompt_mask_bp bool [B, P] (None = no padding; left or right
+    padding), key: a PRNG key. Prompts are host data (the same on every process). With `mesh`,
+    the batch is sharded over its (data, fsdp) axes; B must be divisible by their size.
+    Compiles once per (B, prompt bucket, sampling params, config, mesh). See `SampleResult`.
+    """
+    if not isinstance(sampling, SamplingParams):
+        raise ValueError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+    tokens_bp, mask_bp = prepare_prompts(
+        prompt_tokens_bp, prompt_mask_bp, buckets=prompt_buckets, pad_id=_pad_id(model_config)
+    )
+    longest = int(mask_bp.sum(axis=1).max())
+    if longest + sampling.max_new_tokens > model_config.max_position_embeddings:
+        raise ValueError(
+            f"a prompt of {longest} tokens plus max_new_tokens={sampling.max_new_tokens} exceeds the model's "
+            f"context of max_position_embeddings={model_config.max_position_embeddings} tokens"
+        )
+    bad = tokens_bp[mask_bp]
+    if bad.size and (bad.min() < 0 or bad.max() >= model_config.vocab_size):
+        raise ValueError(f"prompt token ids must be in [0, {model_config.vocab_size}), got [{bad.min()}, {bad.max()}]")
+    if any(s >= model_config.vocab_size for s in sampling.stop_token_ids):
+        raise ValueError(f"stop_token_ids {sampling.stop_token_ids} beyond vocab_size={model_config.vocab_size}")
+    if mesh is not None:
+        shards = math.prod(mesh.shape[a] for a in ("data", "fsdp") if a in mesh.shape)
+        if tokens_bp.shape[0] % shards:
+            raise ValueError(
+                f"batch of {tokens_bp.shape[0]} prompts does not divide over the mesh's data axes ({shards} shards)"
+            )
+        batch = sharding_lib.data_sharding(mesh)
+        tokens_in = sharding_lib.device_put_host(tokens_bp, batch)
+        mask_in = sharding_lib.device_put_host(mask_bp, batch)
+    else:
+        tokens_in, mask_in = jnp.asarray(tokens_bp), jnp.asarray(mask_bp)
+    return _generate_jit(params, tokens_in, mask_in, key, config=model_config, sampling=sampling, mesh=mesh)
+
+
+def response_logprobs(
+    params: Params, result: SampleResult, *, config: ModelConfig, temperature: float = 1.0
+) -> jax.Array:
+    """Teacher-forced log-probs [R, N] of the sampled responses (0 where masked), by one forward
+    pass over `result.sequence_*`: what the trainer computes, to compare with the sampler's."""
+    p = result.prompt_length
+    tokens = result.sequence_tokens_rs
+    targets = jnp.roll(tokens, -1, axis=1)
+    logp = token_logprobs(
+        params, tokens, result.sequence_mask_rs, result.sequence_positions_rs, targets,
+        config=config, temperature=temperature,
+    )
+    logp_rn = logp[:, p - 1: p - 1 + result.response_tokens_rn.shape[1]]
+    return jnp.where(result.response_mask_rn, logp_rn, 0.0)
+
+
+def compile_count() -> int:
+    """How many programs the sampler has compiled in this process (for tests and benchmarks)."""
+    return _generate_jit._cache_size()
