@@ -6,11 +6,10 @@ reference model pi_ref of the KL term.
    model (hidden 96) over a character tokenizer, SFT_STEPS steps of cross-entropy on the correct
    answers of `arithmetic:train` (raw prompts "What is 47 + 18?", target "65<eos>").
 2. RL from it (RLOO, group 4, 8 prompts per step, temperature 1) with each KL configuration:
-     none; k1 and k3 in reward; k1, k2 and k3 in loss; k3 in both; k2 sequence-level in loss
+     none; k1 and k3 in reward; k1, k2 and k3 in loss; k3 in both; k2 sequence-level in loss;
+     the full-vocabulary KL in loss and Rao-Blackwellized (full-both-rtg)
    at beta in {0.1, 1} (none runs once), on-policy and with rl.async_level=4 (the sampler uses
-   the parameters of 4 steps earlier, uncorrected), 3 seeds: (7 x 2 + 1) x 2 x 3 = 90 runs.
-   The 'full' estimator (full-both-rtg, full-loss) is in the grid but not yet supported by the
-   trainer: the sweep lists it as such and skips it.
+   the parameters of 4 steps earlier, uncorrected), 3 seeds: (9 x 2 + 1) x 2 x 3 = 114 runs.
 3. Greedy evaluation before/after on arithmetic:test (in-domain), ood_digits and ood_ops (OOD; the
    tiny model cannot solve these, so they measure whether RL damages anything beyond the task).
 
@@ -23,9 +22,10 @@ Cost, measured on 2 CPU cores shared with other jobs (load average 5-10), STEPS 
     (about 20 s more for the very first run; the XLA cache serves the rest) and the before/after
     evaluation of 3 x 128 prompts, i.e. about 27-37 s for 400 steps;
   * with --parallel 2: 53-88 s wall per run, 2 at a time: 8 runs in 284 s = 35.5 s per run.
-Estimate for the whole grid: 342 s + 90 x 30-36 s = about 50-60 minutes; under 2 hours even if the
-machine is twice as busy. On 2 cores --parallel 2 gains nothing (each subprocess also pays ~10 s of
-start-up); use it on machines with more cores.
+Estimate for the whole grid: 342 s + 114 x 30-36 s = about 60-75 minutes (the full-vocabulary runs,
+measured before they were supported, add a reference forward per update: assume them 1.5x as long);
+under 2 hours unless the machine is twice as busy. On 2 cores --parallel 2 gains nothing (each
+subprocess also pays ~10 s of start-up); use it on machines with more cores.
 """
 
 SFT_STEPS = 1500

@@ -1,5 +1,5 @@
-"""A smoke sweep on the tiny config: 2 KL configurations + no KL, one beta, one seed, 2 steps per run;
-'full-both-rtg' is in the grid to show how a configuration the trainer rejects is listed (not run).
+"""A smoke sweep on the tiny config: 3 KL configurations (k1 in reward, k3 in loss, the Rao-Blackwellized
+full-both-rtg) + no KL, one beta, one seed, 2 steps per run.
 
     kljax sweep --config configs/sweep_tiny.py --out /tmp/sweep_tiny && kljax report /tmp/sweep_tiny
 """

@@ -263,7 +263,7 @@ def write_report(sweep_dir: str | os.PathLike, rule: InstabilityRule = Instabili
               "Runs: " + ", ".join(f"{n} {s}" for s, n in status.items() if n) + ".", ""]
     unsupported = [r for r in runs if r["status"] == "unsupported"]
     if unsupported:
-        lines += ["Not run (not yet supported by the trainer): "
+        lines += ["Not run (rejected by the trainer's validation): "
                   + ", ".join(sorted({r["group"] for r in unsupported}))
                   + f". Reason: {unsupported[0]['unsupported']}", ""]
     sft = summary.get("sft")

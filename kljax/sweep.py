@@ -16,8 +16,8 @@ Each grid point runs `kljax.train.trainer.train` into SWEEP_DIR/runs/<name>/, wi
 name = "<kl>_b<beta>_<variant>_s<seed>" ("none_<variant>_s<seed>" without KL). Runs go one after
 another in this process, or as N independent `python -m kljax train` subprocesses (`parallel=N`).
 Resumable: a run with eval_after.json is finished and skipped; one with a checkpoint resumes with
---resume; one without a checkpoint is started over. A configuration the trainer rejects (the
-'full' estimator, for now) is listed as unsupported and not run. After every run, SWEEP_DIR/summary.json
+--resume; one without a checkpoint is started over. A configuration the trainer's validation
+rejects is listed as unsupported (with the reason) and not run. After every run, SWEEP_DIR/summary.json
 collects each run's curves (metrics.jsonl) and evaluations (eval_before/after.json) for `kljax report`.
 """
 

@@ -16,22 +16,23 @@ from kljax.sweep import _prepare, load_sweep, run_sweep
 
 # The tiny config sharded over the 8 simulated devices (tests/conftest.py).
 MESH = ["--config.mesh.data=1", "--config.mesh.fsdp=4", "--config.mesh.tensor=2"]
-RUNS = ["none_onpolicy_s0", "k1-reward_b0.05_onpolicy_s0", "k3-loss_b0.05_onpolicy_s0"]
+RUNS = ["none_onpolicy_s0", "k1-reward_b0.05_onpolicy_s0", "k3-loss_b0.05_onpolicy_s0",
+        "full-both-rtg_b0.05_onpolicy_s0"]
 
 
 @pytest.fixture(scope="module")
 def sweep_dir(tmp_path_factory):
-    """configs/sweep_tiny.py: none, k1 in reward, k3 in loss (2 steps each) and full (unsupported)."""
+    """configs/sweep_tiny.py: none, k1 in reward, k3 in loss and full-both-rtg (2 steps each)."""
     out = tmp_path_factory.mktemp("sweep")
     actions = run_sweep(load_sweep("configs/sweep_tiny.py", MESH), out, progress=False, log=lambda *_: None)
-    assert actions == {**dict.fromkeys(RUNS, "ran"), "full-both-rtg_b0.05_onpolicy_s0": "unsupported"}
+    assert actions == dict.fromkeys(RUNS, "ran")
     return out
 
 
 def test_sweep_collects_curves_and_evaluations(sweep_dir):
     summary = json.loads((sweep_dir / "summary.json").read_text())
     runs = {r["name"]: r for r in summary["runs"]}
-    assert set(runs) == {*RUNS, "full-both-rtg_b0.05_onpolicy_s0"}
+    assert set(runs) == set(RUNS)
     for name in RUNS:
         r = runs[name]
         assert r["status"] == "finished" and r["steps"] == [1, 2]
@@ -39,21 +40,19 @@ def test_sweep_collects_curves_and_evaluations(sweep_dir):
         assert set(r["eval_after"]) == {"test"} and r["eval_before"]["test"]["n"] == 8
     assert runs["k3-loss_b0.05_onpolicy_s0"]["kl"]["estimator"] == "k3"
     assert "kl.beta=0.0" in runs["none_onpolicy_s0"]["overrides"]  # none runs once, whatever the betas
-    full = runs["full-both-rtg_b0.05_onpolicy_s0"]
-    assert full["status"] == "unsupported" and "not supported by the trainer" in full["unsupported"]
-    assert not (sweep_dir / "runs" / full["name"]).exists()
+    assert runs["full-both-rtg_b0.05_onpolicy_s0"]["kl"]["estimator"] == "full"
 
 
 def test_second_invocation_skips_finished_and_resumes_unfinished(sweep_dir):
     stamps = {n: os.stat(sweep_dir / "runs" / n / "eval_after.json").st_mtime_ns for n in RUNS}
     again = run_sweep(load_sweep("configs/sweep_tiny.py", MESH), sweep_dir, progress=False, log=lambda *_: None)
-    assert [again[n] for n in RUNS] == ["skipped"] * 3
+    assert [again[n] for n in RUNS] == ["skipped"] * len(RUNS)
     assert stamps == {n: os.stat(sweep_dir / "runs" / n / "eval_after.json").st_mtime_ns for n in RUNS}
     # An unfinished run (checkpoint, no final evaluation) resumes, here through a `kljax train` subprocess.
     (sweep_dir / "runs" / RUNS[1] / "eval_after.json").unlink()
     third = run_sweep(load_sweep("configs/sweep_tiny.py", MESH), sweep_dir, parallel=1, progress=False,
                       log=lambda *_: None)
-    assert [third[n] for n in RUNS] == ["skipped", "resumed", "skipped"]
+    assert [third[n] for n in RUNS] == ["skipped", "resumed", "skipped", "skipped"]
     record = json.loads((sweep_dir / "runs" / RUNS[1] / "sweep_run.json").read_text())
     assert [i["how"] for i in record["invocations"]] == ["ran", "resumed"]
     assert len((sweep_dir / "runs" / RUNS[1] / "metrics.jsonl").read_text().splitlines()) == 2
@@ -86,7 +85,7 @@ def test_report_tables_figures_and_rule(sweep_dir):
     assert cli_main(["report", str(sweep_dir)]) == 0
     text = (sweep_dir / "report.md").read_text()
     for needle in ("## Final greedy accuracy", "## Training curves", "## Unstable runs", "k1-reward_b0.05_onpolicy",
-                   "not yet supported by the trainer", "full-both-rtg", "non-finite", "10 x max"):
+                   "full-both-rtg", "non-finite", "10 x max"):
         assert needle in text, needle
     for png in ("final_accuracy.png", "curves_onpolicy.png"):
         assert (sweep_dir / "figures" / png).stat().st_size > 5_000
@@ -121,8 +120,8 @@ def test_experiment_configs_expand():
     names = {p.kl_name for p in small.points}
     assert {"none", "k1-reward", "k3-reward", "k1-loss", "k2-loss", "k3-loss", "k3-both", "k2-loss-seq"} <= names
     runnable = [p for p in small.points if not p.unsupported]
-    assert len(runnable) == (7 * 2 + 1) * 2 * 3  # 7 KL configs x 2 betas + none, x 2 variants x 3 seeds
-    assert {p.kl_name for p in small.points if p.unsupported} == {"full-both-rtg", "full-loss"}
+    assert len(runnable) == (9 * 2 + 1) * 2 * 3  # 9 KL configs x 2 betas + none, x 2 variants x 3 seeds
+    assert not [p for p in small.points if p.unsupported]
     assert {p.variant for p in runnable} == {"onpolicy", "async4"}
     assert small.spec["sft"]["task"] == "arithmetic"
     smollm = load_sweep("configs/experiment_smollm2.py")

@@ -13,6 +13,7 @@ import pytest
 
 from kljax import advantages as adv
 from kljax import sharding as shd
+from kljax.estimators import full_kl_from_logits
 from kljax.kl import KLConfig, kl_surrogate, kl_terms
 from kljax.models import transformer as tfm
 from kljax.models.config import ModelConfig
@@ -24,6 +25,10 @@ MODEL = ModelConfig(
     num_heads=4, num_kv_heads=2, head_dim=4, tie_embeddings=False,
 )
 B, P, R, G = 8, 4, 5, 4
+
+
+def reference_params(params):
+    return jax.tree.map(lambda x: x + 0.05 * jnp.sin(17.0 * x + 1.0), params)
 
 
 def make_batch(params, kl: KLConfig, seed: int = 0, beta: float = 0.1) -> Batch:
@@ -39,10 +44,12 @@ def make_batch(params, kl: KLConfig, seed: int = 0, beta: float = 0.1) -> Batch:
     rmask = mask[:, P:].astype(np.float32)
     partial = Batch(jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(positions), jnp.asarray(rmask),
                     jnp.zeros((B, R)), jnp.zeros((B, R)), jnp.zeros((B, R)), jnp.float32(beta))
-    ref_params = jax.tree.map(lambda x: x + 0.05 * jnp.sin(17.0 * x + 1.0), params)
-    scored = jax.jit(score, static_argnums=3)(params, ref_params, partial, MODEL)
+    ref_params = reference_params(params)
+    full = kl.estimator == "full"
+    scored = jax.jit(score, static_argnames=("model", "full_kl"))(params, ref_params, partial, model=MODEL,
+                                                                    full_kl=full)
     task = jnp.asarray(rng.normal(size=B), jnp.float32)
-    terms = kl_terms(kl, scored["logp"], scored["ref_logp"], rmask, scored["logp"])
+    terms = kl_terms(kl, scored["logp"], scored["ref_logp"], rmask, scored["logp"], scored.get("full_kl"))
     a = adv.token_advantages(task, terms.penalty_bt, terms.penalty_b, beta, G, "rloo")
     return Batch(partial.tokens_bs, partial.mask_bs, partial.positions_bs, partial.response_mask_br,
                  scored["logp"], scored["ref_logp"], a, jnp.float32(beta)), task
@@ -57,8 +64,9 @@ def run_step(mesh, kl, tx, aggregation="seq-mean-token-mean", micro=1, seed=0):
     step = jax.jit(functools.partial(train_step, settings=settings, tx=tx), out_shardings=(s_sh, None),
                    donate_argnums=0)
     old = jax.device_get(state.params)
+    ref = jax.device_put(reference_params(old), p_sh)
     with jax.set_mesh(mesh):  # as the trainer runs it: activation sharding constraints on
-        new_state, metrics = step(state, batch)
+        new_state, metrics = step(state, batch, ref)
     return old, jax.device_get(new_state.params), metrics
 
 
@@ -86,7 +94,8 @@ def test_micro_batches_equal_one_batch(aggregation):
 
 @pytest.mark.parametrize(
     "kl", [KLConfig("k1", "reward"), KLConfig("k1", "reward", credit="reward_to_go"), KLConfig("k3", "loss"),
-           KLConfig("k3", "both", credit="reward_to_go"), KLConfig("k2", "loss", scope="sequence")],
+           KLConfig("k3", "both", credit="reward_to_go"), KLConfig("k2", "loss", scope="sequence"),
+           KLConfig("full", "both", credit="reward_to_go")],
     ids=lambda c: f"{c.estimator}-{c.placement}-{c.credit}-{c.scope}",
 )
 def test_on_policy_gradient_is_reinforce_plus_kl_gradient(kl):
@@ -101,15 +110,25 @@ def test_on_policy_gradient_is_reinforce_plus_kl_gradient(kl):
     batch, task = make_batch(old, kl, beta=beta)
     ref_logp, mask = batch.ref_logp_br, batch.response_mask_br
 
+    ref_params = jax.lax.stop_gradient(reference_params(old))
+
+    def full_kl(params):
+        if kl.estimator != "full":
+            return None
+        logits = [tfm.apply(p, batch.tokens_bs, batch.mask_bs, batch.positions_bs, config=MODEL)[:, P - 1 : -1]
+                  for p in (params, ref_params)]
+        return full_kl_from_logits(*logits)
+
     def reference(params):
         scored = score(params, params, batch, MODEL)
         logp = scored["logp"]
+        full = full_kl(params)
         seq_logp = jnp.sum(jnp.where(mask > 0, logp, 0.0), axis=1)
         a_task = adv.advantages(task, G, "rloo")
         reinforce = -jnp.sum(a_task * seq_logp) / B
-        pen_b = jax.lax.stop_gradient(kl_terms(kl, logp, ref_logp, mask).penalty_b)
+        pen_b = jax.lax.stop_gradient(kl_terms(kl, logp, ref_logp, mask, None, full).penalty_b)
         loo_pen = adv.baseline_and_scale(pen_b, G, "rloo")[0]
-        kl_part = jnp.sum(kl_surrogate(kl, logp, ref_logp, mask)) - jnp.sum(loo_pen * seq_logp)
+        kl_part = jnp.sum(kl_surrogate(kl, logp, ref_logp, mask, None, full)) - jnp.sum(loo_pen * seq_logp)
         return reinforce + beta * kl_part / B
 
     expected = jax.grad(reference)(old)
@@ -133,5 +152,4 @@ def test_nonfinite_step_leaves_state_unchanged():
 def test_step_settings_validation():
     with pytest.raises(ValueError, match="loss_aggregation"):
         StepSettings(MODEL, KLConfig(), loss_aggregation="mean")
-    with pytest.raises(ValueError, match="full"):
-        StepSettings(MODEL, KLConfig("full", "both"))
+

@@ -152,7 +152,8 @@ def rollout(
         beta=jnp.float32(beta),
     ))
     scored = score_fn(params, ref_params, partial)
-    terms = kl_terms(kl, scored["logp"], scored["ref_logp"], partial.response_mask_br, partial.sampler_logp_br)
+    terms = kl_terms(kl, scored["logp"], scored["ref_logp"], partial.response_mask_br, partial.sampler_logp_br,
+                     scored.get("full_kl"))
     advantages = adv.token_advantages(rewards_b, terms.penalty_bt, terms.penalty_b, beta, g, rl.advantage)
     batch = dataclasses.replace(partial, ref_logp_br=scored["ref_logp"], advantages_br=advantages)
     times["score"] = time.perf_counter() - t0

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import optax
 
 from kljax import losses
+from kljax.estimators import full_kl_from_logits
 from kljax.kl import KLConfig, kl_metrics, kl_terms
 from kljax.models import transformer as tfm
 from kljax.models.config import ModelConfig
@@ -72,11 +73,15 @@ class StepSettings:
             )
         if self.micro_batches < 1:
             raise ValueError(f"rl.micro_batches={self.micro_batches} must be >= 1")
-        if self.kl.estimator == "full" and self.kl.placement != "none":
-            raise ValueError(
-                "kl.estimator='full' is not supported by the trainer yet (it needs the reference model's "
-                "logits inside the step); use it in `kljax bias-study`, or pick k1/k2/k3/k3+"
-            )
+
+
+def response_hidden(
+    params: Any, tokens_bs: Array, mask_bs: Array, positions_bs: Array, response_len: int, model: ModelConfig
+) -> Array:
+    """Hidden states that predict the response tokens: positions P - 1 .. S - 2, [B, R, D]."""
+    hidden_bsd, _ = tfm.forward_hidden(params, tokens_bs, mask_bs, positions_bs, model)
+    s = tokens_bs.shape[1]
+    return hidden_bsd[:, s - response_len - 1 : s - 1]
 
 
 def response_logprobs(
@@ -84,18 +89,45 @@ def response_logprobs(
     chunk: int = 256, with_entropy: bool = False,
 ) -> Array | tuple[Array, Array]:
     """log p(response token r | everything before it), [B, R] float32 (and entropy [B, R])."""
-    hidden_bsd, _ = tfm.forward_hidden(params, tokens_bs, mask_bs, positions_bs, model)
-    s = tokens_bs.shape[1]
-    p = s - response_len
+    hidden = response_hidden(params, tokens_bs, mask_bs, positions_bs, response_len, model)
     return tfm.logprobs_from_hidden(
-        params, hidden_bsd[:, p - 1 : s - 1], tokens_bs[:, p:], model, chunk_size=chunk, with_entropy=with_entropy
+        params, hidden, tokens_bs[:, -response_len:], model, chunk_size=chunk, with_entropy=with_entropy
     )
 
 
+def full_kl_from_hidden(
+    params: Any, ref_params: Any, hidden_brd: Array, ref_hidden_brd: Array, model: ModelConfig, chunk: int = 256
+) -> Array:
+    """KL(pi(.|h_r) || pi_ref(.|h_r)) over the whole vocabulary at each response position, [B, R].
+
+    Both models' logits are formed one [B, chunk, V] slice at a time (`lax.map` under
+    `jax.checkpoint`), so the [B, R, V] logits never exist. Differentiable in `params` (the
+    reference side is the caller's to stop-gradient).
+    """
+    b, r, d = hidden_brd.shape
+    c = max(1, min(chunk, r))
+    n = -(-r // c)
+    pad = n * c - r
+
+    def split(h: Array) -> Array:
+        return jnp.pad(h, ((0, 0), (0, pad), (0, 0))).reshape(b, n, c, d).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def one(args: tuple[Array, Array]) -> Array:
+        h, ref_h = args
+        return full_kl_from_logits(tfm.logits_from_hidden(params, h, model),
+                                   tfm.logits_from_hidden(ref_params, ref_h, model))
+
+    kl_nbc = jax.lax.map(one, (split(hidden_brd), split(ref_hidden_brd)))
+    return kl_nbc.swapaxes(0, 1).reshape(b, n * c)[:, :r]
+
+
 def score(
-    params: Any, ref_params: Any, batch: Batch, model: ModelConfig, chunk: int = 256, micro_batches: int = 1
+    params: Any, ref_params: Any, batch: Batch, model: ModelConfig, chunk: int = 256, micro_batches: int = 1,
+    full_kl: bool = False,
 ) -> dict[str, Array]:
     """Log-probs of the responses under the current policy (with entropy) and the reference. [B, R] each.
+    With full_kl, also the full-vocabulary KL at each response position ("full_kl", [B, R]).
 
     With micro_batches > 1 the batch is scored in strided slices one after another (`lax.map`), so
     activations are held for B / micro_batches sequences at a time.
@@ -104,11 +136,15 @@ def score(
     def one(mb: Batch) -> dict[str, Array]:
         mb = _constrain(mb)
         r = mb.response_mask_br.shape[1]
-        logp, entropy = response_logprobs(
-            params, mb.tokens_bs, mb.mask_bs, mb.positions_bs, r, model, chunk, with_entropy=True
-        )
-        ref = response_logprobs(ref_params, mb.tokens_bs, mb.mask_bs, mb.positions_bs, r, model, chunk)
-        return {"logp": logp, "entropy": entropy, "ref_logp": ref}
+        targets = mb.tokens_bs[:, -r:]
+        hidden = response_hidden(params, mb.tokens_bs, mb.mask_bs, mb.positions_bs, r, model)
+        ref_hidden = response_hidden(ref_params, mb.tokens_bs, mb.mask_bs, mb.positions_bs, r, model)
+        logp, entropy = tfm.logprobs_from_hidden(params, hidden, targets, model, chunk_size=chunk, with_entropy=True)
+        ref = tfm.logprobs_from_hidden(ref_params, ref_hidden, targets, model, chunk_size=chunk)
+        out = {"logp": logp, "entropy": entropy, "ref_logp": ref}
+        if full_kl:
+            out["full_kl"] = full_kl_from_hidden(params, ref_params, hidden, ref_hidden, model, chunk)
+        return out
 
     if micro_batches == 1:
         return one(batch)
@@ -129,14 +165,23 @@ def _constrain(batch: Batch) -> Batch:
     return jax.tree.map(constrain_batch, batch)
 
 
-def _loss_fn(params: Any, mb: Batch, pg_denominator: Array, n_sequences: Array, s: StepSettings):
+def _loss_fn(params: Any, mb: Batch, pg_denominator: Array, n_sequences: Array, s: StepSettings,
+             ref_params: Any = None):
     mb = _constrain(mb)
     r = mb.response_mask_br.shape[1]
-    logp = response_logprobs(params, mb.tokens_bs, mb.mask_bs, mb.positions_bs, r, s.model, s.logprob_chunk)
+    hidden = response_hidden(params, mb.tokens_bs, mb.mask_bs, mb.positions_bs, r, s.model)
+    logp = tfm.logprobs_from_hidden(params, hidden, mb.tokens_bs[:, -r:], s.model, chunk_size=s.logprob_chunk)
+    full = None
+    if s.kl.estimator == "full" and s.kl.placement != "none":
+        if ref_params is None:
+            raise ValueError("kl.estimator='full' needs ref_params in train_step")
+        ref_params = jax.lax.stop_gradient(ref_params)
+        ref_hidden = response_hidden(ref_params, mb.tokens_bs, mb.mask_bs, mb.positions_bs, r, s.model)
+        full = full_kl_from_hidden(params, ref_params, hidden, ref_hidden, s.model, s.logprob_chunk)
     mask = mb.response_mask_br
     pg_bt, clipped_bt = losses.policy_loss(logp, mb.sampler_logp_br, mb.advantages_br, mask, s.clip_low, s.clip_high)
     pg_sum, _ = losses.aggregate(pg_bt, mask, s.loss_aggregation, max_len=r)
-    terms = kl_terms(s.kl, logp, mb.ref_logp_br, mask, mb.sampler_logp_br)
+    terms = kl_terms(s.kl, logp, mb.ref_logp_br, mask, mb.sampler_logp_br, full)
     kl_loss_sum = jnp.sum(terms.loss_b)
     loss = pg_sum / pg_denominator + mb.beta * kl_loss_sum / n_sequences
     log_ratio = jnp.where(mask > 0, logp - mb.sampler_logp_br, 0.0)
@@ -173,9 +218,13 @@ def _unsplit(x_nb: Array) -> Array:
 
 
 def train_step(
-    state: TrainState, batch: Batch, *, settings: StepSettings, tx: optax.GradientTransformation
+    state: TrainState, batch: Batch, ref_params: Any = None, *, settings: StepSettings,
+    tx: optax.GradientTransformation,
 ) -> tuple[TrainState, dict[str, Array]]:
     """One optimizer update on `batch`, gradients accumulated over `settings.micro_batches`.
+
+    `ref_params` (the frozen reference) is needed only by kl.estimator='full' in the loss, whose
+    per-position KL takes both models' logits inside the differentiated function.
 
     A step whose loss or gradient is not finite leaves params and optimizer state unchanged and
     reports `nonfinite = 1`. Pure: jit it once with shardings and `donate_argnums=0`.
@@ -193,7 +242,7 @@ def train_step(
 
     def accumulate(carry, mb):
         grads, loss, aux = carry
-        (l_mb, aux_mb), g_mb = grad_fn(state.params, mb, pg_den, n_seq, settings)
+        (l_mb, aux_mb), g_mb = grad_fn(state.params, mb, pg_den, n_seq, settings, ref_params)
         grads = jax.tree.map(jnp.add, grads, g_mb)
         aux = {
             k: (jnp.maximum if k == "ratio_max" else jnp.minimum if k == "ratio_min" else jnp.add)(aux[k], v)

@@ -126,8 +126,9 @@ def build(settings: RunSettings) -> tuple[Run, st.TrainState, Any]:
     )
     step_fn = under_mesh(jax.jit(functools.partial(train_step, settings=step_settings, tx=tx),
                                  out_shardings=(state_sh, None), donate_argnums=0), mesh)
-    score_fn = under_mesh(jax.jit(functools.partial(score, model=policy.model, micro_batches=rl.micro_batches)),
-                          mesh)
+    full = settings.kl.estimator == "full"
+    score_fn = under_mesh(jax.jit(functools.partial(score, model=policy.model, micro_batches=rl.micro_batches,
+                                                    full_kl=full)), mesh)
 
     def place(batch):
         return jax.device_put(batch, batch_shardings(batch, mesh))
@@ -202,7 +203,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, resume: bool =
             snapshots.append(jax.tree.map(jnp.copy, state.params))
         t0 = time.perf_counter()
         for _ in range(rl.updates_per_batch):
-            state, step_metrics = run.step_fn(state, batch)
+            state, step_metrics = run.step_fn(state, batch, ref_params)
         jax.block_until_ready(state.params)
         update_time = time.perf_counter() - t0
         row = to_python(step_metrics)
