@@ -16,6 +16,14 @@ from typing import Any
 import jax
 import numpy as np
 
+# Metrics that measure the machine, not the run: they differ between identical runs.
+VOLATILE_PREFIXES = ("time_", "tokens_per_s", "host_memory_mb")
+
+
+def deterministic(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A metrics row without its machine-dependent entries (timings, throughput, memory)."""
+    return {k: v for k, v in row.items() if not k.startswith(VOLATILE_PREFIXES)}
+
 
 def to_python(metrics: Mapping[str, Any]) -> dict[str, float]:
     """Device scalars -> plain floats (nan/inf kept as floats)."""
@@ -23,16 +31,25 @@ def to_python(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """All rows of a metrics.jsonl file (empty list when it does not exist)."""
+    """All rows of a metrics.jsonl file (empty list when it does not exist).
+
+    A last line cut short (the process was killed while appending it) is dropped; a malformed
+    line anywhere else is an error naming the file and line.
+    """
     path = Path(path)
     if not path.exists():
         return []
+    lines = [line.strip() for line in path.read_text().splitlines()]
     rows = []
-    with path.open() as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                rows.append(json.loads(line))
+    for i, line in enumerate(lines):
+        if not line:
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if i == len(lines) - 1:
+                break
+            raise ValueError(f"{path}: line {i + 1} is not JSON: {e}") from None
     return rows
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import orbax.checkpoint as ocp
 
-from kljax.metrics import read_jsonl
+from kljax.metrics import deterministic, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 8
@@ -34,7 +34,7 @@ def final_params(workdir: Path) -> dict:
 
 
 def stable(rows):
-    return [{k: v for k, v in r.items() if not k.startswith(("time_", "tokens_per_s"))} for r in rows]
+    return [deterministic(r) for r in rows]
 
 
 def steps_done(workdir: Path) -> int:

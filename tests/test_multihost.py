@@ -19,12 +19,11 @@ import numpy as np
 import pytest
 
 from kljax import distributed
-from kljax.metrics import read_jsonl
+from kljax.metrics import deterministic, read_jsonl
 from kljax.train.config import RLConfig
 
 WORKER = Path(__file__).with_name("_multihost_worker.py")
 TIMEOUT_S = 240  # per group of workers; a hung collective fails the test instead of blocking it
-VOLATILE = ("time_", "tokens_per_s")
 
 
 def free_port() -> int:
@@ -76,7 +75,7 @@ def load(path: Path) -> dict[str, np.ndarray]:
 
 
 def stable(rows):
-    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
+    return [deterministic(r) for r in rows]
 
 
 @pytest.fixture(scope="module")

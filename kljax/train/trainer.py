@@ -177,6 +177,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, resume: bool =
         beta, start = float(meta["beta"]), int(meta["step"])
         writer.truncate_after(start)
     else:
+        writer.truncate_after(0)  # rows of an earlier attempt that died before its first checkpoint
         if main:
             (workdir / "config.json").write_text(json.dumps(settings.raw.to_dict(), indent=2, default=str))
         before = evaluate_splits(run, state.params)
