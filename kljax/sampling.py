@@ -211,10 +211,11 @@ def sample_logits(logits_rv: jax.Array, key: jax.Array, sampling: SamplingParams
     docstring; greedy reports the model's temperature-1 log-prob).
     """
     logits_rv = logits_rv.astype(jnp.float32)
-    if sampling.is_greedy:
-        tokens_r = _first_argmax(logits_rv)
-        picked_r = jnp.take_along_axis(logits_rv, tokens_r[:, None], axis=-1)[:, 0]
-        return tokens_r, picked_r - jax.nn.logsumexp(logits_rv, axis=-1)
+    if sampling.is_greedy:  # one max shared by the argmax and the log-normalizer
+        best_r1 = jnp.max(logits_rv, axis=-1, keepdims=True)
+        v = logits_rv.shape[-1]
+        tokens_r = jnp.min(jnp.where(logits_rv == best_r1, jnp.arange(v, dtype=jnp.int32), v), axis=-1)
+        return tokens_r.astype(jnp.int32), -jnp.log(jnp.sum(jnp.exp(logits_rv - best_r1), axis=-1))
     logits_rc, ids_rc = candidate_logits(logits_rv, sampling)
     u_r = jax.random.uniform(key, logits_rv.shape[:1], jnp.float32)
     choice_r, logp_r = inverse_cdf_sample(logits_rc, u_r)

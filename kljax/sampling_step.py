@@ -5,16 +5,21 @@ exactly P slots and keeps only the last position's logits. Decoding then switche
 for one token per row and step, prepared once per `generate` call:
 
 * Feature-major activations: the hidden state is x [D, R] (rows last), so every projection is
-  W^T [out, in] @ x [in, R]. With R (tens of rows) as the narrow operand, XLA CPU's dot kernels
-  stream the weights once and run 20-30% faster than x [R, in] @ W [in, out]; the tied
-  unembedding is the embedding [V, D] itself, no transpose.
-* `decode_weights`: one entry per layer (unstacked, so the loop never dynamic-slices a stacked
-  weight, which XLA CPU materializes as a copy every step), transposed, in `config.dtype`; in
+  W^T [out, in] @ x [in, R]. With R (tens of rows) as the narrow operand XLA CPU's dot kernels ran
+  20-30% faster here than x [R, in] @ W [in, out]; the tied unembedding is the embedding [V, D]
+  itself, no transpose.
+* `decode_weights`: one entry per layer (unstacked: in a loop XLA CPU materializes every
+  dynamic slice of a stacked weight as a copy, every step), transposed, in `config.dtype`; in
   unsharded runs q/k/v are fused into one [(H + 2 Kv) Dh, D] matrix and gate/up into one [2F, D].
-* `DecodeCache`: per layer k [Kv, Dh, W, R] and v [Kv, W, Dh, R] with rows last, and a mask
-  [W, R]. Attention is then multiply-reduces vectorized over rows (no batched tiny dots). The
-  width W grows by segments: the loop is split into a few `lax.while_loop`s, and segment s
-  attends over only the W_s slots it can have filled, not over the whole P + N buffer.
+* `DecodeCache`: per layer k [R, Kv, Dh, W] (keys transposed) and v [R, Kv, W, Dh], and a mask
+  [R, W]. Attention runs row-major (q and its output are transposed, [H Dh, R] <-> [R, H Dh]):
+  scores are a multiply-reduce over Dh with W contiguous, cheaper on XLA CPU than a batched
+  [G, Dh] x [Dh, W] dot per (row, kv head). The width W grows by segments: the loop is split into
+  a few `lax.while_loop`s, and segment s attends over only the W_s slots it can have filled, not
+  over the whole P + N buffer.
+* bfloat16 (float16) needs two detours on XLA CPU, both measured: cache updates go through the
+  uint16 bits (else the update becomes a float32 round trip over the whole cache), and the output
+  projection runs row-major (a transposed 16-bit operand falls back to a float32 dot).
 
 The maths is `kljax.models.transformer._layer` for T = 1 (same norms, RoPE, float32 softmax and
 logits); `tests/test_sampling*.py` check sampler log-probs against teacher-forced ones.
@@ -44,19 +49,19 @@ BATCH_AXES = ("data", "fsdp")
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class DecodeCache:
-    """Per-layer key/value buffers for decoding, rows last, in `config.dtype`.
+    """Per-layer key/value buffers for decoding, in `config.dtype`.
 
-    k: tuple of L arrays [Kv, Dh, W, R] (keys after RoPE); v: tuple of L arrays [Kv, W, Dh, R];
-    mask_wr: bool [W, R], True where a slot holds a token.
+    k: tuple of L arrays [R, Kv, Dh, W] (keys after RoPE, transposed); v: tuple of L arrays
+    [R, Kv, W, Dh]; mask_rw: bool [R, W], True where a slot holds a token.
     """
 
     k: tuple[jax.Array, ...]
     v: tuple[jax.Array, ...]
-    mask_wr: jax.Array
+    mask_rw: jax.Array
 
     @property
     def width(self) -> int:
-        return self.mask_wr.shape[0]
+        return self.mask_rw.shape[1]
 
 
 def constrain_batch(x: jax.Array, mesh: Mesh | None, axis: int = 0) -> jax.Array:
@@ -69,7 +74,7 @@ def constrain_batch(x: jax.Array, mesh: Mesh | None, axis: int = 0) -> jax.Array
 
 
 def constrain_cache(cache: DecodeCache, mesh: Mesh | None) -> DecodeCache:
-    return jax.tree.map(lambda a: constrain_batch(a, mesh, axis=-1 % a.ndim), cache)
+    return jax.tree.map(lambda a: constrain_batch(a, mesh), cache)
 
 
 def cache_bytes(config: ModelConfig, rows: int, width: int) -> int:
@@ -95,15 +100,15 @@ def prefill(
     cache = init_cache(config, b, p)
     hidden_bpd, cache = forward_hidden(params, tokens_bp, mask_bp, positions_bp, config, cache, 0)
     logits_bv = logits_from_hidden(params, hidden_bpd[:, -1], config)
-    # model layout [L, B, P, Kv, Dh] -> per layer k [Kv, Dh, P, B], v [Kv, P, Dh, B]
-    keys = tuple(jnp.transpose(cache.k[i], (2, 3, 1, 0)) for i in range(config.num_layers))
-    values = tuple(jnp.transpose(cache.v[i], (2, 1, 3, 0)) for i in range(config.num_layers))
-    return logits_bv, DecodeCache(keys, values, cache.mask.T)
+    # model layout [L, B, P, Kv, Dh] -> per layer k [B, Kv, Dh, P], v [B, Kv, P, Dh]
+    keys = tuple(jnp.transpose(cache.k[i], (0, 2, 3, 1)) for i in range(config.num_layers))
+    values = tuple(jnp.transpose(cache.v[i], (0, 2, 1, 3)) for i in range(config.num_layers))
+    return logits_bv, DecodeCache(keys, values, cache.mask)
 
 
 def repeat_rows(cache: DecodeCache, n: int) -> DecodeCache:
     """Each row n times in a row (row r -> rows r*n ... r*n + n - 1)."""
-    return cache if n == 1 else jax.tree.map(lambda a: jnp.repeat(a, n, axis=-1), cache)
+    return cache if n == 1 else jax.tree.map(lambda a: jnp.repeat(a, n, axis=0), cache)
 
 
 def widen(cache: DecodeCache, width: int) -> DecodeCache:
@@ -111,11 +116,11 @@ def widen(cache: DecodeCache, width: int) -> DecodeCache:
     extra = width - cache.width
     if extra <= 0:
         return cache
-    pad_k = lambda a: jnp.pad(a, ((0, 0), (0, 0), (0, extra), (0, 0)))
-    pad_v = lambda a: jnp.pad(a, ((0, 0), (0, extra), (0, 0), (0, 0)))
+    pad_k = lambda a: jnp.pad(a, ((0, 0), (0, 0), (0, 0), (0, extra)))
+    pad_v = lambda a: jnp.pad(a, ((0, 0), (0, 0), (0, extra), (0, 0)))
     return DecodeCache(
         tuple(pad_k(a) for a in cache.k), tuple(pad_v(a) for a in cache.v),
-        jnp.pad(cache.mask_wr, ((0, extra), (0, 0))),
+        jnp.pad(cache.mask_rw, ((0, 0), (0, extra))),
     )
 
 
@@ -138,7 +143,8 @@ def decode_weights(params: Params, config: ModelConfig, *, fuse: bool = True) ->
         w = {
             "attn_norm": lp["attn_norm"],
             "mlp_norm": lp["mlp_norm"],
-            "o": t(lp["o"], h * dh),
+            # float32: [D, H Dh] like the others; 16-bit: [H Dh, D], used row-major (see _decode_layer)
+            "o": t(lp["o"], h * dh) if dt.itemsize == 4 else lp["o"].reshape(h * dh, d).astype(dt),
             "down": t(lp["down"], config.intermediate_size),
         }
         q, k, v = t(lp["q"], d), t(lp["k"], d), t(lp["v"], d)
@@ -174,6 +180,18 @@ def _mm(w: jax.Array, x: jax.Array) -> jax.Array:
     return jnp.dot(w, x, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
+def _write_slot(cache: jax.Array, update: jax.Array, start: tuple) -> jax.Array:
+    """dynamic_update_slice; 16-bit floats go through their bits, or XLA CPU turns the update into a
+    float32 round trip over the whole buffer."""
+    if cache.dtype.itemsize != 2:
+        return jax.lax.dynamic_update_slice(cache, update.astype(cache.dtype), start)
+    bits = jax.lax.dynamic_update_slice(
+        jax.lax.bitcast_convert_type(cache, jnp.uint16),
+        jax.lax.bitcast_convert_type(update.astype(cache.dtype), jnp.uint16), start,
+    )
+    return jax.lax.bitcast_convert_type(bits, cache.dtype)
+
+
 def _rms_norm(x: jax.Array, weight: jax.Array, eps: float, axis: int) -> jax.Array:
     """`transformer.rms_norm` over `axis` (statistics in float32, result in x.dtype, times weight)."""
     x32 = x.astype(jnp.float32)
@@ -195,7 +213,7 @@ def _decode_layer(
     rope: tuple[jax.Array, jax.Array],
     k_cache: jax.Array,
     v_cache: jax.Array,
-    allowed_wr: jax.Array,
+    allowed_rw: jax.Array,
     slot: jax.Array,
     config: ModelConfig,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -215,14 +233,22 @@ def _decode_layer(
     if config.qk_norm:
         q, k = _rms_norm(q, w["q_norm"], eps, axis=1), _rms_norm(k, w["k_norm"], eps, axis=1)
     q, k = _rope(q, *rope), _rope(k, *rope)
-    k_cache = jax.lax.dynamic_update_slice(k_cache, k[:, :, None, :].astype(k_cache.dtype), (0, 0, slot, 0))
-    v_cache = jax.lax.dynamic_update_slice(v_cache, v[:, None, :, :].astype(v_cache.dtype), (0, slot, 0, 0))
-    q = q.reshape(kv, h // kv, dh, 1, r).astype(jnp.float32)
-    scores = jnp.sum(q * k_cache[:, None].astype(jnp.float32), axis=2)  # [Kv, G, W, R]
-    scores = jnp.where(allowed_wr, scores * (dh**-0.5), _NEG)
-    probs = jax.nn.softmax(scores, axis=2).astype(x_dr.dtype)
-    attn = jnp.sum(probs[:, :, :, None, :] * v_cache[:, None].astype(x_dr.dtype), axis=2, dtype=jnp.float32)
-    x_dr = x_dr + _mm(w["o"], attn.astype(x_dr.dtype).reshape(h * dh, r))
+    k_rkd = jnp.transpose(k, (2, 0, 1))  # row-major for the cache and attention
+    v_rkd = jnp.transpose(v, (2, 0, 1))
+    k_cache = _write_slot(k_cache, k_rkd[..., None], (0, 0, 0, slot))
+    v_cache = _write_slot(v_cache, v_rkd[:, :, None, :], (0, 0, slot, 0))
+    q = jnp.transpose(q, (2, 0, 1)).reshape(r, kv, h // kv, dh, 1).astype(jnp.float32)
+    scores = jnp.sum(q * k_cache[:, :, None].astype(jnp.float32), axis=-2)  # [R, Kv, G, W]
+    scores = jnp.where(allowed_rw[:, None, None, :], scores * (dh**-0.5), _NEG)
+    probs = jax.nn.softmax(scores, axis=-1).astype(x_dr.dtype)
+    attn = jnp.einsum("rkgw,rkwd->rkgd", probs, v_cache.astype(x_dr.dtype), preferred_element_type=jnp.float32)
+    attn_rj = attn.astype(x_dr.dtype).reshape(r, h * dh)
+    if x_dr.dtype.itemsize == 2:
+        # Row-major [R, H Dh] @ [H Dh, D]: with the transposed attention operand a 16-bit dot
+        # falls back to float32 on XLA CPU, converting the weight every step.
+        x_dr = x_dr + jnp.dot(attn_rj, w["o"], preferred_element_type=jnp.float32).astype(x_dr.dtype).T
+    else:
+        x_dr = x_dr + _mm(w["o"], attn_rj.T)
     if config.o_bias:
         x_dr = x_dr + w["o_bias"][:, None]
     normed = _rms_norm(x_dr, w["mlp_norm"], eps, axis=0)
@@ -248,15 +274,17 @@ def decode_step(
     x_dr = weights["embed"].astype(config.jnp_dtype)[tokens_r].T
     angles = jnp.asarray(rope_inv_freq(config))[None, :, None] * positions_r.astype(jnp.float32)
     rope = (jnp.cos(angles), jnp.sin(angles))  # [1, Dh/2, R]
-    mask_wr = jax.lax.dynamic_update_slice(cache.mask_wr, jnp.ones((1, tokens_r.shape[0]), bool), (slot, 0))
+    mask_rw = jax.lax.dynamic_update_slice(cache.mask_rw, jnp.ones((tokens_r.shape[0], 1), bool), (0, slot))
     ks, vs = [], []
     for i, w in enumerate(weights["layers"]):
-        x_dr, k, v = _decode_layer(x_dr, w, rope, cache.k[i], cache.v[i], mask_wr, slot, config)
+        x_dr, k, v = _decode_layer(x_dr, w, rope, cache.k[i], cache.v[i], mask_rw, slot, config)
         ks.append(k)
         vs.append(v)
     x_dr = _rms_norm(x_dr, weights["final_norm"], config.rms_norm_eps, axis=0)
     logits_vr = jnp.dot(weights["head_vd"], x_dr, preferred_element_type=jnp.float32)
-    return logits_vr.T, DecodeCache(tuple(ks), tuple(vs), mask_wr)
+    # The barrier keeps XLA from folding the transpose into the dot's output layout: a plain [V, R]
+    # dot is twice as fast on CPU, and the folded bf16 x bf16 -> f32 form has no CPU kernel at all.
+    return jax.lax.optimization_barrier(logits_vr).T, DecodeCache(tuple(ks), tuple(vs), mask_rw)
 
 
 # ---------------------------------------------------------------------------------------- loop
