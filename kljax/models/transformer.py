@@ -215,15 +215,22 @@ def _apply_rope(x_bthk: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 def _attention(q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Array, allowed_bts: jax.Array) -> jax.Array:
-    """Grouped-query attention; q [B, T, H, Dh], k/v [B, S, Kv, Dh] -> [B, T, H, Dh]."""
+    """Grouped-query attention; q [B, T, H, Dh], k/v [B, S, Kv, Dh] -> [B, T, H, Dh].
+
+    Heads-major inside: the G = H / Kv query heads sharing a key head are stacked as rows, so each
+    (b, kv-head) pair is one [G*T, Dh] x [Dh, S] matmul on operands already in matmul layout (XLA CPU
+    otherwise transposes inside every batched dot, forward and backward).
+    """
     b, t, h, dh = q_bthk.shape
-    kv = k_bsgk.shape[2]
-    q = q_bthk.reshape(b, t, kv, h // kv, dh)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k_bsgk, preferred_element_type=jnp.float32)
+    s, kv = k_bsgk.shape[1], k_bsgk.shape[2]
+    g = h // kv
+    q = q_bthk.reshape(b, t, kv, g, dh).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, dh)
+    k, v = k_bsgk.transpose(0, 2, 1, 3), v_bsgk.transpose(0, 2, 1, 3)
+    scores = jnp.einsum("bkmd,bksd->bkms", q, k, preferred_element_type=jnp.float32).reshape(b, kv, g, t, s)
     scores = jnp.where(allowed_bts[:, None, None], scores * (dh**-0.5), _NEG)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_bsgk.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v_bsgk)
-    return out.reshape(b, t, h, dh)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, kv, g * t, s)
+    out = jnp.einsum("bkms,bksd->bkmd", probs, v).reshape(b, kv, g, t, dh)
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, dh)
 
 
 def _layer(
