@@ -1,9 +1,16 @@
 """`kljax bench <benchmark>`: kljax against the tool a user would otherwise pick.
 
     kljax bench decode [--batch 32 --prompt-len 64 --new-tokens 128 --repeats 5 --json out.json]
+    kljax bench train  [--batch 16 --seq-len 256 --response-len 128 --dtype float32 --peak-gflops G]
+    kljax bench kl     [--batch 64 --seq-len 1024 --full-batch 1 --full-len 64 --vocab 151936]
+
+Every benchmark takes `--model` where a model is involved (an HF dir, the embedded SmolLM2 by
+default, or `random:NAME` from `kljax.models.known_configs`), `--repeats`/`--warmup`, `--no-peer`
+and `--json PATH`, and reports kljax's speed, the peer's, and `ratio` = kljax / peer; shared
+pieces live in `kljax.bench.common`. `launch/bench_gpu.sh` runs them all on one GPU host.
 
 Each benchmark is a module with `configure(parser)` and `run(args) -> int`; add a row to
-`BENCHMARKS` (e.g. `train`, `rl`, `kl`) to add one. Heavy imports happen inside `run`.
+`BENCHMARKS` to add one. Heavy imports happen inside `run`.
 """
 
 from __future__ import annotations
@@ -14,6 +21,9 @@ import importlib
 # name -> (module, one-line help)
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "decode": ("kljax.bench.decode", "sampler tokens/s: kljax's jitted decode loop vs transformers' generate"),
+    "train": ("kljax.bench.train", "policy-update tokens/s, MFU: kljax's jitted train step vs transformers + AdamW"),
+    "kl": ("kljax.bench.kl", "KL estimators, losses and the full-vocabulary KL: kljax (jit) vs PyTorch eager"),
+    "rl": ("kljax.bench.rl", "seconds per RL iteration (sample, reward, score, update): kljax vs TRL's GRPOTrainer"),
 }
 
 

@@ -1,6 +1,6 @@
 """`kljax bench decode`: kljax's jitted sampler vs transformers' `generate`, same weights, same shapes.
 
-    kljax bench decode [--model DIR] [--batch 32] [--prompt-len 64] [--new-tokens 128]
+    kljax bench decode [--model DIR|random:NAME] [--batch 32] [--prompt-len 64] [--new-tokens 128]
                        [--repeats 5] [--modes greedy,sampled] [--dtype float32] [--json PATH]
 
 Both sides get the same B random prompts of exactly `--prompt-len` tokens and produce exactly
@@ -9,8 +9,10 @@ Both sides get the same B random prompts of exactly `--prompt-len` tokens and pr
 decode) in generated tokens per second, B * new_tokens / seconds, the median over `--repeats` timed
 runs after `--warmup` untimed ones; kljax and transformers runs alternate so that a change in the
 machine's load hits both. kljax's compile time (XLA backend compile, measured by JAX's own
-monitoring events) is reported apart. transformers runs on PyTorch CPU with
-`torch.set_num_threads(--peer-threads, default: the core count)` under `torch.inference_mode()`.
+monitoring events) is reported apart. transformers runs under `torch.inference_mode()` on the GPU
+when PyTorch has CUDA, else on the CPU with `torch.set_num_threads(--peer-threads, default: the
+core count)`. `--model random:NAME` (see `kljax.bench.common`) gives both sides the same
+random-init weights.
 
 The JSON has `kljax`, `peer` (tokens/s, geometric mean over the modes) and `ratio` = kljax / peer,
 plus per-mode details, the settings, versions and the machine's load average.
@@ -19,20 +21,18 @@ plus per-mode details, the settings, versions and the machine's load average.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
-import platform
-import statistics
-import time
 from pathlib import Path
 from typing import Any
+
+from kljax.bench import common
 
 MODES = ("greedy", "sampled")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", help="HF checkpoint directory (default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--model", help="HF checkpoint directory, or random:NAME[:field=value,...] (a random-init "
+                        "kljax.models.known_configs model; default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--batch", type=int, default=32, help="prompts per generate call")
     parser.add_argument("--prompt-len", type=int, default=64, help="tokens per prompt")
     parser.add_argument("--new-tokens", type=int, default=128, help="tokens generated per prompt")
@@ -51,34 +51,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", dest="json_path", help="write the results here")
 
 
-def _tokens_per_s(rows: int, new_tokens: int, timings: list[tuple[float, float]]) -> dict[str, Any]:
-    """Median and spread of tokens/s from (wall seconds, process CPU seconds) per run."""
-    seconds = [wall for wall, _ in timings]
-    speeds = sorted(rows * new_tokens / s for s in seconds)
-    quartiles = statistics.quantiles(speeds, n=4, method="inclusive") if len(speeds) > 1 else [speeds[0]] * 3
-    return {
-        "tokens_per_s": statistics.median(speeds),
-        "min": speeds[0], "max": speeds[-1], "q1": quartiles[0], "q3": quartiles[2],
-        "seconds": [round(s, 4) for s in seconds],
-        "cpu_seconds": [round(c, 4) for _, c in timings],
-        "cpu_seconds_per_token": statistics.median(c for _, c in timings) / (rows * new_tokens),
-    }
-
-
-def _geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
-
 def _validate(args: argparse.Namespace) -> list[str]:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
         raise ValueError(f"--modes must be a comma-separated subset of {','.join(MODES)}; got {args.modes!r}")
-    for name in ("batch", "prompt_len", "new_tokens", "repeats"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.warmup < 0:
-        raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
+    common.check_counts(args, ("batch", "prompt_len", "new_tokens", "repeats"))
     return modes
 
 
@@ -88,24 +66,16 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from kljax import sampling
-    from kljax.models.convert import load_hf_checkpoint
-    from kljax.models.default import default_model_dir
 
-    model_dir = Path(args.model) if args.model else default_model_dir()
-    params, config = load_hf_checkpoint(model_dir, param_dtype=args.dtype, dtype=args.dtype)
+    model = common.load_model(args.model, export_for_peer=not args.no_peer, param_dtype=args.dtype, dtype=args.dtype)
+    params, config = model.params, model.config
     b, p, n = args.batch, args.prompt_len, args.new_tokens
     rng = np.random.default_rng(args.seed)
     low = min(100, config.vocab_size - 1)  # skip the special tokens at the start of most vocabularies
     prompts = rng.integers(low, config.vocab_size, (b, p)).astype(np.int32)
     pad = config.pad_token_id if config.pad_token_id is not None else 0
 
-    compile_seconds: list[float] = []
-
-    def on_duration(event: str, duration: float, **_: Any) -> None:
-        if event == "/jax/core/compile/backend_compile_duration":
-            compile_seconds.append(duration)
-
-    jax.monitoring.register_event_duration_secs_listener(on_duration)
+    compiles = common.CompileTimer()
 
     def sampling_params(mode: str) -> sampling.SamplingParams:
         if mode == "greedy":
@@ -113,20 +83,19 @@ def run(args: argparse.Namespace) -> int:
         return sampling.SamplingParams(max_new_tokens=n, temperature=args.temperature, top_p=args.top_p,
                                        top_k=args.top_k)
 
-    def kljax_once(mode: str, seed: int) -> tuple[float, float]:
-        t0, c0 = time.perf_counter(), time.process_time()
-        out = sampling.generate(params, config, prompts, None, jax.random.key(seed), sampling_params(mode))
-        out.response_tokens_rn.block_until_ready()
-        return time.perf_counter() - t0, time.process_time() - c0
+    def kljax_once(mode: str, seed: int) -> common.Timing:
+        return common.timed(lambda: sampling.generate(
+            params, config, prompts, None, jax.random.key(seed), sampling_params(mode)
+        ).response_tokens_rn.block_until_ready())
 
-    peer_once = None if args.no_peer else _make_peer(model_dir, args, prompts, pad, n)
+    peer_once = None if args.no_peer else _make_peer(model.hf_dir, args, prompts, pad, n)
     cores = os.cpu_count() or 1
     load_before = os.getloadavg()
     results: dict[str, dict[str, Any]] = {}
     for mode in modes:
-        before = len(compile_seconds)
+        mark = compiles.mark()
         first, _ = kljax_once(mode, 0)
-        compile_s = sum(compile_seconds[before:])
+        compile_s = compiles.since(mark)
         for i in range(args.warmup):
             kljax_once(mode, 1 + i)
             if peer_once:
@@ -137,19 +106,19 @@ def run(args: argparse.Namespace) -> int:
             if peer_once:
                 theirs.append(peer_once(mode, 100 + i))
         row: dict[str, Any] = {
-            "kljax": _tokens_per_s(b, n, ours),
+            "kljax": common.throughput(b * n, ours),
             "kljax_compile_s": round(compile_s, 3),
             "kljax_first_call_s": round(first, 3),
         }
         if peer_once:
-            row["peer"] = _tokens_per_s(b, n, theirs)
+            row["peer"] = common.throughput(b * n, theirs)
             row["ratio"] = row["kljax"]["tokens_per_s"] / row["peer"]["tokens_per_s"]
         results[mode] = row
         _print_row(mode, row)
 
-    summary: dict[str, Any] = {"kljax": _geomean([r["kljax"]["tokens_per_s"] for r in results.values()])}
+    summary: dict[str, Any] = {"kljax": common.geomean([r["kljax"]["tokens_per_s"] for r in results.values()])}
     if peer_once:
-        summary["peer"] = _geomean([r["peer"]["tokens_per_s"] for r in results.values()])
+        summary["peer"] = common.geomean([r["peer"]["tokens_per_s"] for r in results.values()])
         summary["ratio"] = summary["kljax"] / summary["peer"]
         print(f"overall (geometric mean over modes): kljax {summary['kljax']:.1f} tok/s, "
               f"transformers {summary['peer']:.1f} tok/s, ratio {summary['ratio']:.2f}x")
@@ -157,47 +126,49 @@ def run(args: argparse.Namespace) -> int:
         unit="generated tokens per second (end to end: prefill + decode)",
         modes=results,
         settings={
-            "model": str(model_dir), "batch": b, "prompt_len": p, "new_tokens": n, "repeats": args.repeats,
+            "model": model.name, "batch": b, "prompt_len": p, "new_tokens": n, "repeats": args.repeats,
             "warmup": args.warmup, "dtype": args.dtype, "temperature": args.temperature, "top_p": args.top_p,
             "top_k": args.top_k, "peer_threads": None if args.no_peer else (args.peer_threads or cores),
         },
-        machine={
-            "cpu_count": cores, "platform": platform.platform(), "jax_backend": jax.default_backend(),
-            "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-        },
-        versions=_versions(),
+        machine=common.machine_info(load_before),
+        versions=common.versions(),
     )
-    if args.json_path:
-        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_path).write_text(json.dumps(summary, indent=2) + "\n")
-        print(f"wrote {args.json_path}")
+    common.write_json(args.json_path, summary)
     return 0
 
 
 def _make_peer(model_dir: Path, args: argparse.Namespace, prompts: Any, pad: int, n: int):
-    """A function (mode, seed) -> (wall, CPU) seconds of transformers' generate on the same prompts."""
+    """A function (mode, seed) -> (wall, CPU) seconds of transformers' generate on the same prompts
+    (on the GPU when this PyTorch build has CUDA)."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    from kljax.bench import torch_losses
+
     torch.set_num_threads(args.peer_threads or os.cpu_count() or 1)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.dtype)).eval()
-    input_ids = torch.from_numpy(prompts.astype("int64"))
+    device = torch_losses.default_device()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.dtype)).to(device).eval()
+    input_ids = torch.from_numpy(prompts.astype("int64")).to(device)
     attention_mask = torch.ones_like(input_ids)
 
-    def once(mode: str, seed: int) -> tuple[float, float]:
+    def once(mode: str, seed: int) -> common.Timing:
         kwargs: dict[str, Any] = dict(do_sample=False)
         if mode == "sampled":
             kwargs = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
         torch.manual_seed(seed)
-        t0, c0 = time.perf_counter(), time.process_time()
-        with torch.inference_mode():
-            out = model.generate(
-                input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=n, min_new_tokens=n,
-                pad_token_id=pad, **kwargs,
-            )
-        seconds = time.perf_counter() - t0, time.process_time() - c0
-        if out.shape[1] != input_ids.shape[1] + n:
-            raise RuntimeError(f"transformers generated {out.shape[1] - input_ids.shape[1]} tokens, not {n}")
+        out = []
+
+        def generate() -> None:
+            with torch.inference_mode():
+                out.append(model.generate(
+                    input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=n, min_new_tokens=n,
+                    pad_token_id=pad, **kwargs,
+                ))
+            torch_losses.sync(device)
+
+        seconds = common.timed(generate)
+        if out[0].shape[1] != input_ids.shape[1] + n:
+            raise RuntimeError(f"transformers generated {out[0].shape[1] - input_ids.shape[1]} tokens, not {n}")
         return seconds
 
     return once
@@ -214,14 +185,3 @@ def _print_row(mode: str, row: dict[str, Any]) -> None:
         line += f"  ratio {row['ratio']:.2f}x"
     print(line, flush=True)
 
-
-def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for name in ("jax", "jaxlib", "torch", "transformers"):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            pass
-    return out

@@ -16,6 +16,24 @@ QWEN2_5_7B: dict[str, Any] = {
     "bos_token_id": 151643, "eos_token_id": 151645, "torch_dtype": "bfloat16",
 }
 
+QWEN2_5_0_5B: dict[str, Any] = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 151936,
+    "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+    "num_key_value_heads": 2, "hidden_act": "silu", "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_scaling": None, "sliding_window": 32768,
+    "use_sliding_window": False, "max_window_layers": 24, "tie_word_embeddings": True,
+    "bos_token_id": 151643, "eos_token_id": 151643, "torch_dtype": "bfloat16",
+}
+
+QWEN2_5_1_5B: dict[str, Any] = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 151936,
+    "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
+    "num_key_value_heads": 2, "hidden_act": "silu", "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_scaling": None, "sliding_window": 131072,
+    "use_sliding_window": False, "max_window_layers": 28, "tie_word_embeddings": True,
+    "bos_token_id": 151643, "eos_token_id": 151643, "torch_dtype": "bfloat16",
+}
+
 LLAMA_3_1_8B: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
     "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
@@ -45,6 +63,8 @@ SMOLLM2_135M: dict[str, Any] = {
 }
 
 KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
+    "qwen2.5-0.5b": QWEN2_5_0_5B,
+    "qwen2.5-1.5b": QWEN2_5_1_5B,
     "qwen2.5-7b": QWEN2_5_7B,
     "llama-3.1-8b": LLAMA_3_1_8B,
     "qwen3-4b": QWEN3_4B,

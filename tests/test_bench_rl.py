@@ -1,0 +1,64 @@
+"""`kljax bench rl` end to end on a tiny random model (with a character tokenizer) at tiny sizes."""
+
+import importlib.util
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from kljax.bench.rl import save_char_tokenizer  # noqa: E402
+from kljax.cli import main  # noqa: E402
+from kljax.models.tiny import save_tiny_hf_model  # noqa: E402
+
+HAS_TRL = importlib.util.find_spec("trl") is not None
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    model = save_tiny_hf_model("llama_tied", tmp_path_factory.mktemp("rl") / "tiny")
+    save_char_tokenizer(model)
+    return model
+
+
+def test_bench_rl_times_both_sides_on_the_same_work(tiny_model, tmp_path, capsys):
+    out = tmp_path / "rl.json"
+    flags = ["--prompts", "2", "--group", "2", "--new-tokens", "6", "--repeats", "2", "--warmup", "0"]
+    code = main(["bench", "rl", "--model", str(tiny_model), *flags, "--json", str(out)]
+                + ([] if HAS_TRL else ["--no-peer"]))
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert {"kljax", "mfu", "sides", "settings", "machine", "versions"} <= set(result)
+    k = result["sides"]["kljax"]
+    assert result["mfu"] > 0 and result["kljax"] > 0 and k["compile_s"] > 0
+    assert len(k["iterations_per_s"]["seconds"]) == 2 and k["min"] <= k["median"] <= k["max"]
+    assert set(k["split"]) == {"sample", "reward", "score", "update"}
+    assert k["iterations"] == 3 and k["optimizer_steps"] == 3 and k["completions_per_iteration"] == 4
+    assert 0 < k["tokens_per_iteration"]["generated"] <= 4 * 6
+    assert k["peak_rss_mb"] > 0 and result["settings"]["new_tokens"] == 6
+    printed = capsys.readouterr().out
+    assert "kljax" in printed and "s/iter" in printed
+    if not HAS_TRL:
+        pytest.skip("trl is not installed (the `bench` extra): the peer side was not run")
+    p = result["sides"]["peer"]
+    assert {"peer", "ratio"} <= set(result)
+    assert result["ratio"] == pytest.approx(result["peer"] / result["kljax"])  # kljax speed / TRL speed
+    for key in ("iterations", "optimizer_steps", "completions_per_iteration", "non_embedding_params", "head_params"):
+        assert p[key] == k[key], key
+    assert p["prompt_tokens_match_kljax"] and p["prompt_format"] == k["prompt_format"] == "raw"
+    assert p["tokens_per_iteration"]["prompt_unique"] == k["tokens_per_iteration"]["prompt_unique"]
+    assert p["mfu"] > 0 and p["peak_rss_mb"] > 0
+    assert "TRL GRPO" in printed and "ratio" in printed
+
+
+@pytest.mark.parametrize("flag, value", [("--prompts", "0"), ("--group", "1"), ("--repeats", "0"),
+                                         ("--warmup", "-1"), ("--threads", "0"), ("--threads", "100000")])
+def test_bench_rl_rejects_bad_values(tiny_model, flag, value):
+    with pytest.raises(ValueError, match=f"{flag}.*{value}"):
+        main(["bench", "rl", "--model", str(tiny_model), flag, value])
+
+
+def test_bench_rl_rejects_a_directory_without_a_checkpoint(tmp_path):
+    with pytest.raises(ValueError, match="no config.json"):
+        main(["bench", "rl", "--model", str(tmp_path)])
