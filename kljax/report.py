@@ -261,6 +261,10 @@ def write_report(sweep_dir: str | os.PathLike, rule: InstabilityRule = Instabili
     status = {s: sum(r["status"] == s for r in runs) for s in ("finished", "partial", "broken", "new", "unsupported")}
     lines += [f"Base run config: `{summary.get('base_config')}`; sweep config: `{summary.get('sweep_config')}`.", "",
               "Runs: " + ", ".join(f"{n} {s}" for s, n in status.items() if n) + ".", ""]
+    shared = [o for o in runs[0].get("overrides", []) if all(o in r.get("overrides", []) for r in runs)] if runs else []
+    if shared:
+        lines += ["Overrides of the base config shared by every run (in order; a later one wins): "
+                  + ", ".join(f"`{o}`" for o in shared) + ".", ""]
     unsupported = [r for r in runs if r["status"] == "unsupported"]
     if unsupported:
         lines += ["Not run (rejected by the trainer's validation): "

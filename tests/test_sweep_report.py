@@ -85,7 +85,7 @@ def test_report_tables_figures_and_rule(sweep_dir):
     assert cli_main(["report", str(sweep_dir)]) == 0
     text = (sweep_dir / "report.md").read_text()
     for needle in ("## Final greedy accuracy", "## Training curves", "## Unstable runs", "k1-reward_b0.05_onpolicy",
-                   "full-both-rtg", "non-finite", "10 x max"):
+                   "full-both-rtg", "non-finite", "10 x max", "shared by every run", "`steps=2`"):
         assert needle in text, needle
     for png in ("final_accuracy.png", "curves_onpolicy.png"):
         assert (sweep_dir / "figures" / png).stat().st_size > 5_000
