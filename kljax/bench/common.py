@@ -308,3 +308,10 @@ def train_flops(config: Any, batch: int, seq_len: int, response_len: int) -> dic
     }
     out["total"] = out["matmul"] + out["attention"] + out["lm_head"]
     return out
+
+
+def add_run_flags(parser: Any) -> None:
+    """The flags every benchmark shares: --no-peer, --seed and --json PATH (as args.json_path)."""
+    parser.add_argument("--no-peer", action="store_true", help="time kljax only")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", dest="json_path", help="write the results here")

@@ -46,9 +46,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="weights and compute dtype, on both sides")
     parser.add_argument("--peer-threads", type=int, default=None,
                         help="torch threads for transformers (default: the core count)")
-    parser.add_argument("--no-peer", action="store_true", help="time kljax only")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", dest="json_path", help="write the results here")
+    common.add_run_flags(parser)
 
 
 def _validate(args: argparse.Namespace) -> list[str]:

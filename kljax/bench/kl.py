@@ -61,9 +61,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed repeats per side and case first")
     parser.add_argument("--peer-threads", "--threads", dest="peer_threads", type=int, default=None,
                         help="torch threads (default: the core count)")
-    parser.add_argument("--no-peer", action="store_true", help="time kljax only")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", dest="json_path", help="write the results here")
+    common.add_run_flags(parser)
 
 
 def _validate(args: argparse.Namespace) -> list[str]:

@@ -83,9 +83,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gradient-checkpointing", action="store_true",
                         help="recompute activations in the backward pass on both sides (kljax model.remat='full', "
                         "TRL gradient_checkpointing=True, TRL's GRPOConfig default); off: neither does")
-    parser.add_argument("--no-peer", action="store_true", help="time kljax only")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", dest="json_path", help="write the results here")
+    common.add_run_flags(parser)
 
 
 def _available_cpus() -> list[int]:

@@ -59,10 +59,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="peak GFLOP/s for MFU (default: measure a jitted matmul now)")
     parser.add_argument("--peer-threads", "--threads", dest="peer_threads", type=int, default=None,
                         help="torch threads for the peer (default: the core count)")
-    parser.add_argument("--no-peer", action="store_true", help="time kljax only")
+    common.add_run_flags(parser)
     parser.add_argument("--breakdown", action="store_true", help="also time kljax's forward and forward+backward")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", dest="json_path", help="write the results here")
 
 
 def _validate(args: argparse.Namespace) -> None:
