@@ -7,8 +7,8 @@
 An iteration: sample G completions for each of B arithmetic prompts (up to N new tokens,
 temperature 1) -> rewards (kljax's arithmetic scorer, on both sides) -> policy and reference
 log-probs -> group advantages -> one AdamW update on the B * G completions. kljax runs its real
-trainer pieces (`trainer.build` for the model, task, optimizer and jitted score/step functions,
-`rollout.rollout`, then `run.step_fn`, as `trainer.train` does per step) with GRPO advantages and
+trainer (`trainer.build` for the model, task, optimizer and jitted score/step functions, then
+`trainer.iteration`, the loop body of `kljax train`, metrics row included) with GRPO advantages and
 k3 in the loss (beta 0.04), the KL of TRL's GRPO; TRL runs `GRPOTrainer.train()` with
 num_generations=G and one generation batch per optimizer step (per_device_train_batch_size =
 B * G, gradient_accumulation_steps = steps_per_generation = num_iterations = 1), loss_type="grpo",
@@ -287,6 +287,7 @@ def _kljax_config(settings: dict[str, Any], prompt_format: str, max_prompt_len: 
     c.seed = settings["seed"]
     c.model.source = settings["model_dir"]
     c.task.name, c.task.split, c.task.prompt_format = TASK, SPLIT, prompt_format
+    c.task.answer_format = "answer_line"  # as `iteration_prompts`, so both sides get the same prompt texts
     c.kl.estimator, c.kl.placement, c.kl.beta = "k3", "loss", BETA
     c.rl.advantage, c.rl.group_size, c.rl.prompts_per_step = "grpo", settings["group"], settings["prompts"]
     c.rl.max_prompt_len, c.rl.max_new_tokens = max_prompt_len, settings["new_tokens"]
@@ -307,44 +308,38 @@ def _kljax_side(settings: dict[str, Any]) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from kljax.train.config import validate
-    from kljax.train.rollout import rollout
     from kljax.train.trainer import build, host_memory_mb
+    from kljax.train.trainer import iteration as trainer_iteration
 
     compiles = common.CompileTimer()
     t_setup = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(settings["model_dir"])
-    task, fmt, examples, texts = iteration_prompts(settings, tokenizer)
+    _, fmt, examples, texts = iteration_prompts(settings, tokenizer)  # run.task renders the texts the same way
     longest = max(len(tokenizer.encode(t, add_special_tokens=False)) for step in texts for t in step)
     rs = validate(_kljax_config(settings, fmt, longest))
     run, state, ref_params = build(rs)
     jax.block_until_ready((state, ref_params))
     setup_s = time.perf_counter() - t_setup
     rss_setup = common.peak_rss_mb()
-    policy, m = run.policy, run.policy.model
+    m = run.policy.model
     head = m.vocab_size * m.hidden_size
     params = (sum(x.size for x in jax.tree.leaves(state.params)) - head * (1 if m.tie_embeddings else 2), head)
 
+    beta = float(rs.kl.beta)
+
     def iteration(state: Any, step: int) -> tuple[Any, dict[str, float], dict[str, float]]:
-        key = jax.random.fold_in(jax.random.PRNGKey(rs.seed), step)
+        """`trainer.iteration` (the loop body of `kljax train`) on the prompts the peer also gets, timed."""
+        nonlocal beta
         t0, c0 = time.perf_counter(), time.process_time()
-        batch, info = rollout(
-            examples[step], task, policy.tokenizer, sampler_params=state.params, params=state.params,
-            ref_params=ref_params, model_config=m, rl=rs.rl, kl=rs.kl, beta=float(rs.kl.beta), prompt_format=fmt,
-            key=key, score_fn=run.score_fn, stop_token_ids=policy.stop_token_ids, pad_id=policy.pad_id,
-            place=run.place, mesh=run.mesh,
-        )
-        jax.block_until_ready(batch)  # the scoring was dispatched asynchronously inside rollout
-        t1 = time.perf_counter()
-        state, _ = run.step_fn(state, batch, ref_params)
-        jax.block_until_ready(state.params)
-        t2 = time.perf_counter()
-        sample, reward = info.times["sample"], info.times["reward"]
-        split = {"sample": sample, "reward": reward, "score": t1 - t0 - sample - reward, "update": t2 - t1,
-                 "total": t2 - t0, "cpu": time.process_time() - c0}
+        it = trainer_iteration(run, state, ref_params, step, beta=beta, examples=examples[step])
+        total, cpu = time.perf_counter() - t0, time.process_time() - c0
+        beta, row, batch = it.beta, it.row, it.batch
+        split = {"sample": row["time_sample"], "reward": row["time_reward"], "score": row["time_score"],
+                 "update": row["time_update"], "total": total, "cpu": cpu}
         seq, gen = float(jnp.sum(batch.mask_bs)), float(jnp.sum(batch.response_mask_br))
         tokens = {"prompt_unique": (seq - gen) / rs.rl.group_size, "generated": gen, "sequence": seq,
                   "completions": int(batch.tokens_bs.shape[0])}
-        return state, split, tokens
+        return it.state, split, tokens
 
     mark = compiles.mark()
     state, first, _ = iteration(state, 0)

@@ -156,6 +156,10 @@ def rollout(
                      scored.get("full_kl"))
     advantages = adv.token_advantages(rewards_b, terms.penalty_bt, terms.penalty_b, beta, g, rl.advantage)
     batch = dataclasses.replace(partial, ref_logp_br=scored["ref_logp"], advantages_br=advantages)
+    # The scoring and advantages were only dispatched (JAX runs them asynchronously); wait for them, or their
+    # device time would be charged to whatever blocks next (the train step's time_update). Nothing is lost
+    # by waiting but the train step's dispatch latency: that step needs this batch before it can start anyway.
+    jax.block_until_ready((batch, scored))
     times["score"] = time.perf_counter() - t0
     return batch, RolloutInfo(completions, rewards, correct, scored, times, rows,
                               float(jnp.mean(rewards_b)), float(jnp.mean(correct_b)))

@@ -134,7 +134,11 @@ def state_from_params(
     params: Params, tx: optax.GradientTransformation, params_sharding: Params, mesh: Mesh, seed: int
 ) -> tuple[TrainState, TrainState]:
     """A fresh TrainState around already-placed parameters (e.g. a converted HF checkpoint);
-    the optimizer state is created inside a jit directly in its shardings."""
-    init = lambda p: _fresh_state(p, tx, seed)
+    the optimizer state is created inside a jit directly in its shardings.
+
+    The state's parameters are a copy in new buffers, never `params`' own: the train step donates
+    them, so `params` stay valid (the trainer keeps them as the frozen reference).
+    """
+    init = lambda p: _fresh_state(jax.tree.map(jnp.copy, p), tx, seed)
     shardings = state_shardings(jax.eval_shape(init, params), params_sharding, mesh, tx)
     return jax.jit(init, in_shardings=(params_sharding,), out_shardings=shardings)(params), shardings

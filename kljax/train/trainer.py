@@ -4,8 +4,9 @@ Per step s (0-based): the prompts are `task.examples(split, n, seed=(seed, s))`,
 position is the step itself; the sampler uses the parameters of `rl.async_level` steps earlier
 (a queue of snapshots, checkpointed with the state); the batch is updated on `rl.updates_per_batch`
 times by the jitted `train_step`. With async_level 0 and one update, the importance ratio is 1 up
-to float rounding (on-policy). Everything a run writes goes under WORKDIR: checkpoints/,
-metrics.jsonl, tb/, eval_before.json, eval_after.json, config.json.
+to float rounding (on-policy). A step is one call of `iteration` (which `kljax bench rl` times too).
+Everything a run writes goes under WORKDIR: checkpoints/, metrics.jsonl, tb/, eval_before.json,
+eval_after.json, config.json.
 
 Multi-host (`kljax.distributed`): every process runs this loop on the global mesh; checkpoints are
 written by all processes together, files and the progress bar by process 0 only.
@@ -20,6 +21,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +35,13 @@ from kljax import sharding as shd
 from kljax.checkpoint import RunCheckpointer
 from kljax.kl import adapt_beta, warn_if_biased
 from kljax.metrics import MetricsWriter, to_python
+from kljax.tasks.base import Example
 from kljax.train import state as st
 from kljax.train.config import RunSettings, check_against_model, validate
 from kljax.train.evaluate_loop import evaluate_splits
 from kljax.train.policy import Policy, load_policy
-from kljax.train.rollout import rollout
-from kljax.train.step import StepSettings, batch_kl_metrics, batch_shardings, score, train_step
+from kljax.train.rollout import RolloutInfo, rollout
+from kljax.train.step import Batch, StepSettings, batch_kl_metrics, batch_shardings, score, train_step
 
 PROGRESS_KEYS = ("reward", "accuracy", "kl_seq", "entropy")
 
@@ -63,7 +66,8 @@ def _step_seed(seed: int, step: int) -> int:
 
 @dataclasses.dataclass
 class Run:
-    """Everything the loop needs, built once."""
+    """Everything the loop needs, built once. `policy.params` is None: the weights live in the train
+    state (trained) and the reference params (frozen) that `build` returns."""
 
     settings: RunSettings
     policy: Policy
@@ -118,8 +122,12 @@ def build(settings: RunSettings) -> tuple[Run, st.TrainState, Any]:
     if settings.raw.task.get("answer_format"):
         task.answer_format = settings.raw.task.answer_format  # how prompts ask for the final answer
     tx = st.make_optimizer(settings.optim)
+    # Two copies of the weights, not three: the loaded ones become the frozen reference (never donated
+    # nor updated; the async snapshots start as the same buffers), the state gets its own copy (donated
+    # to and updated by every train step), and the policy keeps none.
     state, state_sh = st.state_from_params(policy.params, tx, policy.param_shardings, mesh, settings.seed)
-    ref_params = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=policy.param_shardings)(policy.params)
+    ref_params = policy.params
+    policy = dataclasses.replace(policy, params=None)
     rl = settings.rl
     step_settings = StepSettings(
         policy.model, settings.kl, rl.loss_aggregation, rl.clip_low, rl.clip_high, rl.micro_batches
@@ -139,6 +147,74 @@ def build(settings: RunSettings) -> tuple[Run, st.TrainState, Any]:
 
 def _checkpoint_tree(state: st.TrainState, snapshots: collections.deque) -> dict[str, Any]:
     return {"train": state, "snapshots": list(snapshots)}
+
+
+@dataclasses.dataclass
+class Iteration:
+    """What one RL iteration produced.
+
+    state: the train state after the update(s); snapshots: the sampler's parameter queue after it
+    (unchanged when rl.async_level is 0); beta: the KL coefficient for the next iteration; row: the
+    metrics row `train` writes for this step; batch, info: what was trained on (token counts, texts).
+    """
+
+    state: st.TrainState
+    snapshots: collections.deque
+    beta: float
+    row: dict[str, float]
+    batch: Batch
+    info: RolloutInfo
+
+
+def step_examples(run: Run, step: int) -> list[Example]:
+    """The prompts of 0-based `step`: the data position is the step itself, so a resumed run sees the same."""
+    s = run.settings
+    return run.task.examples(s.raw.task.split, n=s.rl.prompts_per_step, seed=_step_seed(s.seed, step))
+
+
+def iteration(run: Run, state: st.TrainState, ref_params: Any, step: int, *, beta: float,
+              snapshots: Sequence[Any] = (), examples: Sequence[Example] | None = None) -> Iteration:
+    """One RL iteration at 0-based `step`: rollout (sample, reward, score) -> rl.updates_per_batch
+    train steps -> the metrics row; the loop body of `train`, and what `kljax bench rl` times.
+
+    `state` is donated to the train step: use only the returned one. `snapshots` is the queue of
+    rl.async_level earlier parameters (the sampler uses the oldest); `examples` overrides the step's
+    prompts (`step_examples`), e.g. for a benchmark that must feed another trainer the same ones.
+    """
+    settings, rl, kl = run.settings, run.settings.rl, run.settings.kl
+    t_step = time.perf_counter()
+    examples = step_examples(run, step) if examples is None else examples
+    key = jax.random.fold_in(jax.random.PRNGKey(settings.seed), step)
+    if rl.async_level and not snapshots:
+        raise ValueError(f"rl.async_level={rl.async_level} needs the queue of earlier parameters (snapshots)")
+    sampler_params = snapshots[0] if rl.async_level else state.params
+    batch, info = rollout(
+        examples, run.task, run.policy.tokenizer, sampler_params=sampler_params, params=state.params,
+        ref_params=ref_params, model_config=run.policy.model, rl=rl, kl=kl, beta=beta,
+        prompt_format=settings.raw.task.prompt_format, key=key, score_fn=run.score_fn,
+        stop_token_ids=run.policy.stop_token_ids, pad_id=run.policy.pad_id, place=run.place, mesh=run.mesh,
+    )
+    queue = collections.deque(snapshots, maxlen=max(rl.async_level, 1))  # a new one: the caller's is left as is
+    if rl.async_level:
+        queue.append(jax.tree.map(jnp.copy, state.params))  # copied before the train step donates them
+    t0 = time.perf_counter()
+    for _ in range(rl.updates_per_batch):
+        state, step_metrics = run.step_fn(state, batch, ref_params)
+    jax.block_until_ready(state.params)
+    update_time = time.perf_counter() - t0
+    row = to_python(step_metrics)
+    row.update(to_python(batch_kl_metrics(info.scored, batch.response_mask_br)))
+    n_tokens = float(jnp.sum(batch.response_mask_br))
+    elapsed = time.perf_counter() - t_step
+    row.update(
+        reward=info.reward_mean, accuracy=info.accuracy_mean,
+        kl_penalty=float(beta * row["kl_seq"]) if kl.in_reward else 0.0,
+        time_sample=info.times["sample"], time_reward=info.times["reward"], time_score=info.times["score"],
+        time_update=update_time, time_step=elapsed, tokens_per_s=n_tokens / max(elapsed, 1e-9),
+    )
+    row["host_memory_mb"] = host_memory_mb()
+    next_beta = float(adapt_beta(beta, row["kl_seq"], kl)) if math.isfinite(row["kl_seq"]) else beta
+    return Iteration(state, queue, next_beta, row, batch, info)
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | Path, resume: bool = False,
@@ -189,37 +265,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, resume: bool =
     bar = tqdm(range(start, settings.steps), initial=start, total=settings.steps, disable=not (progress and main),
                desc="kljax train", dynamic_ncols=True)
     for step in bar:
-        t_step = time.perf_counter()
-        examples = run.task.examples(settings.raw.task.split, n=rl.prompts_per_step,
-                                     seed=_step_seed(settings.seed, step))
-        key = jax.random.fold_in(jax.random.PRNGKey(settings.seed), step)
-        sampler_params = snapshots[0] if rl.async_level else state.params
-        batch, info = rollout(
-            examples, run.task, run.policy.tokenizer, sampler_params=sampler_params, params=state.params,
-            ref_params=ref_params, model_config=run.policy.model, rl=rl, kl=kl, beta=beta,
-            prompt_format=settings.raw.task.prompt_format, key=key, score_fn=run.score_fn,
-            stop_token_ids=run.policy.stop_token_ids, pad_id=run.policy.pad_id, place=run.place, mesh=run.mesh,
-        )
-        if rl.async_level:
-            snapshots.append(jax.tree.map(jnp.copy, state.params))
-        t0 = time.perf_counter()
-        for _ in range(rl.updates_per_batch):
-            state, step_metrics = run.step_fn(state, batch, ref_params)
-        jax.block_until_ready(state.params)
-        update_time = time.perf_counter() - t0
-        row = to_python(step_metrics)
-        row.update(to_python(batch_kl_metrics(info.scored, batch.response_mask_br)))
-        n_tokens = float(jnp.sum(batch.response_mask_br))
-        elapsed = time.perf_counter() - t_step
-        row.update(
-            reward=info.reward_mean, accuracy=info.accuracy_mean,
-            kl_penalty=float(beta * row["kl_seq"]) if kl.in_reward else 0.0,
-            time_sample=info.times["sample"], time_reward=info.times["reward"], time_score=info.times["score"],
-            time_update=update_time, time_step=elapsed, tokens_per_s=n_tokens / max(elapsed, 1e-9),
-        )
-        row["host_memory_mb"] = host_memory_mb()
-        if math.isfinite(row["kl_seq"]):
-            beta = float(adapt_beta(beta, row["kl_seq"], kl))
+        it = iteration(run, state, ref_params, step, beta=beta, snapshots=snapshots)
+        state, snapshots, beta, row = it.state, it.snapshots, it.beta, it.row
+        del it  # the batch and rollout info are not needed past the iteration
         writer.write(step + 1, row)
         nonfinite_run = nonfinite_run + 1 if row["nonfinite"] > 0 else 0
         if nonfinite_run >= settings.max_nonfinite_steps:

@@ -1,0 +1,91 @@
+"""`trainer.iteration`, the loop body `kljax train` and `kljax bench rl` share: the loop is exactly
+repeated iterations, the run holds two copies of the weights (trained and frozen reference), and
+the logged score time includes the scoring itself."""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kljax import advantages as adv
+from kljax.metrics import deterministic, read_jsonl
+from kljax.train.config import apply_overrides, load_config, validate
+from kljax.train.trainer import build, iteration, train
+
+# The tiny config sharded over the 8 simulated devices: fsdp=4 x tensor=2.
+MESH = {"mesh.data": 1, "mesh.fsdp": 4, "mesh.tensor": 2}
+
+
+def tiny(**overrides):
+    overrides = {**MESH, **overrides}
+    return apply_overrides(load_config("configs/tiny.py"), [f"--config.{k}={v}" for k, v in overrides.items()])
+
+
+def nbytes(tree) -> int:
+    return sum(x.nbytes for x in jax.tree.leaves(tree))
+
+
+def buffers(tree) -> set[int]:
+    return {s.data.unsafe_buffer_pointer() for x in jax.tree.leaves(tree) for s in x.addressable_shards}
+
+
+@pytest.mark.parametrize("overrides", [{}, {"rl.async_level": 1, "rl.updates_per_batch": 2}])
+def test_train_is_build_then_repeated_iterations(tmp_path, overrides):
+    config = tiny(steps=3, checkpoint_every=100, **overrides)
+    summary = train(config, tmp_path, progress=False)
+    settings = validate(config)
+    run, state, ref_params = build(settings)
+    snapshots, beta, rows = [ref_params] * settings.rl.async_level, float(settings.kl.beta), []
+    for step in range(settings.steps):
+        it = iteration(run, state, ref_params, step, beta=beta, snapshots=snapshots)
+        state, snapshots, beta = it.state, it.snapshots, it.beta
+        rows.append({"step": step + 1, **it.row})
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(summary["params"]), jax.device_get(state.params))
+    logged = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [deterministic(r) for r in logged] == [deterministic(r) for r in rows]
+    assert [set(r) for r in logged] == [set(r) for r in rows]
+
+
+def test_build_holds_two_copies_of_the_weights_and_the_reference_stays_frozen():
+    gc.collect()
+    before = {id(x): x for x in jax.live_arrays()}  # held, so their ids cannot be reused
+    run, state, ref_params = build(validate(tiny()))
+    new = [x for x in jax.live_arrays() if id(x) not in before]
+    params = nbytes(state.params)
+    # The state (params + Adam moments) and one frozen reference copy; no third copy of the weights.
+    assert sum(x.nbytes for x in new) < nbytes(state) + params + params // 2
+    assert run.policy.params is None
+    assert not buffers(ref_params) & buffers(state.params)  # the train step donates the state's buffers
+    frozen = jax.device_get(ref_params)
+    initial = jax.device_get(state.params)
+    for step in range(3):
+        state = iteration(run, state, ref_params, step, beta=float(run.settings.kl.beta)).state
+    jax.tree.map(np.testing.assert_array_equal, frozen, jax.device_get(ref_params))
+    moved = jax.tree.leaves(jax.tree.map(lambda a, b: bool(np.any(a != b)), initial, jax.device_get(state.params)))
+    assert any(moved)
+
+
+def test_score_time_includes_the_asynchronous_scoring(monkeypatch):
+    """Advantages (the last result of the score phase) that are ready DELAY seconds after their
+    dispatch returns are timed as score, not as update (where the train step would wait for them)."""
+    delay = 0.5
+    run, state, ref_params = build(validate(tiny()))
+    beta = float(run.settings.kl.beta)
+    state = iteration(run, state, ref_params, 0, beta=beta).state  # compiles
+
+    def sleep_then_zero():
+        time.sleep(delay)
+        return np.float32(0)
+
+    late = jax.jit(lambda x: x + jax.pure_callback(sleep_then_zero, jax.ShapeDtypeStruct((), jnp.float32)))
+    token_advantages = adv.token_advantages
+    monkeypatch.setattr(adv, "token_advantages", lambda *a, **k: late(token_advantages(*a, **k)))
+    late(jnp.zeros(()))  # compiles (and sleeps) before the timed iteration
+    row = iteration(run, state, ref_params, 1, beta=beta).row
+    assert row["time_score"] >= delay, row
+    assert row["time_update"] < delay, row
