@@ -131,6 +131,24 @@ def _first_argmax(x_rc: jax.Array) -> jax.Array:
     return jnp.min(jnp.where(x_rc == best, jnp.arange(c, dtype=jnp.int32), c), axis=-1).astype(jnp.int32)
 
 
+def _chunked_argmax(x_rv: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(argmax, max) over the last axis, first index on ties, in two levels: the max of each chunk of
+    _CHUNK, the first chunk holding the overall max, the first index in it. One full pass over
+    x instead of two (a max, then an index select over all V: 2 ms a step at 32 x 49152 on CPU)."""
+    r, v = x_rv.shape
+    if v <= 2 * _CHUNK:
+        best_r1 = jnp.max(x_rv, axis=-1, keepdims=True)
+        return jnp.min(jnp.where(x_rv == best_r1, jnp.arange(v, dtype=jnp.int32), v), axis=-1), best_r1[:, 0]
+    pad = -v % _CHUNK
+    x_rnk = jnp.pad(x_rv, ((0, 0), (0, pad)), constant_values=-jnp.inf).reshape(r, -1, _CHUNK)
+    chunk_max_rn = jnp.max(x_rnk, axis=-1)
+    j_r, best_r = _chunked_argmax(chunk_max_rn) if chunk_max_rn.shape[1] > 2 * _CHUNK else (
+        _first_argmax(chunk_max_rn), jnp.max(chunk_max_rn, axis=-1))
+    x_rk = jnp.take_along_axis(x_rnk, j_r[:, None, None], axis=1)[:, 0]
+    i_r = jnp.min(jnp.where(x_rk == best_r[:, None], jnp.arange(_CHUNK, dtype=jnp.int32), _CHUNK), axis=-1)
+    return (j_r * _CHUNK + i_r).astype(jnp.int32), best_r
+
+
 def _top_p_threshold(probs_rv: jax.Array, top_p: float) -> jax.Array:
     """Per row, the largest probability t with sum(p >= t) >= top_p: keeping tokens with p >= t is
     the nucleus (ties at the boundary kept). Exact bisection on the float bits (31 passes, no sort)."""
@@ -212,10 +230,8 @@ def sample_logits(logits_rv: jax.Array, key: jax.Array, sampling: SamplingParams
     """
     logits_rv = logits_rv.astype(jnp.float32)
     if sampling.is_greedy:  # one max shared by the argmax and the log-normalizer
-        best_r1 = jnp.max(logits_rv, axis=-1, keepdims=True)
-        v = logits_rv.shape[-1]
-        tokens_r = jnp.min(jnp.where(logits_rv == best_r1, jnp.arange(v, dtype=jnp.int32), v), axis=-1)
-        return tokens_r.astype(jnp.int32), -jnp.log(jnp.sum(jnp.exp(logits_rv - best_r1), axis=-1))
+        tokens_r, best_r = _chunked_argmax(logits_rv)
+        return tokens_r, -jnp.log(jnp.sum(jnp.exp(logits_rv - best_r[:, None]), axis=-1))
     logits_rc, ids_rc = candidate_logits(logits_rv, sampling)
     u_r = jax.random.uniform(key, logits_rv.shape[:1], jnp.float32)
     choice_r, logp_r = inverse_cdf_sample(logits_rc, u_r)

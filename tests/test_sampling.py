@@ -3,6 +3,7 @@
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -334,3 +335,19 @@ def test_bfloat16_sampler_agrees_with_the_bfloat16_model(tiny_models):
     assert diff < 0.1
     greedy = generate(params, config, tokens, mask, jax.random.key(1), SamplingParams(max_new_tokens=1, greedy=True))
     np.testing.assert_array_equal(greedy.response_tokens_rn[:, 0], last_logits(params, config, tokens, mask).argmax(-1))
+
+
+@pytest.mark.parametrize("v", [7, 512, 513, 49152, 50001, 300000])
+def test_chunked_argmax_is_the_first_argmax(v):
+    """The greedy sampler's two-level argmax equals numpy's (first index on ties) and the max,
+    with ties planted across and within chunks, for vocabularies below, at and past the chunking."""
+    rng = np.random.default_rng(v)
+    x = rng.standard_normal((6, v)).astype(np.float32)
+    x[1, [v // 3, v - 1]] = 9.0  # a tie across chunks: the first wins
+    x[2, :] = 0.0  # all equal: index 0
+    x[3, -1] = 50.0  # the last token
+    x[4, :] = -np.inf
+    x[4, v // 2] = -1.0  # one finite value among -inf
+    tokens, best = jax.jit(sampling._chunked_argmax)(jnp.asarray(x))
+    np.testing.assert_array_equal(np.asarray(tokens), np.argmax(x, axis=-1))
+    np.testing.assert_array_equal(np.asarray(best), np.max(x, axis=-1))
