@@ -123,12 +123,16 @@ class SamplingParams:
 _CHUNK = 256  # inverse-CDF sampling first picks a chunk of this many candidates, then a token in it
 
 
+def _first_index_of(x_rc: jax.Array, value_r: jax.Array) -> jax.Array:
+    """Per row, the first index of the last axis where x equals value (C if none), int32."""
+    c = x_rc.shape[-1]
+    return jnp.min(jnp.where(x_rc == value_r[:, None], jnp.arange(c, dtype=jnp.int32), c), axis=-1).astype(jnp.int32)
+
+
 def _first_argmax(x_rc: jax.Array) -> jax.Array:
     """argmax over the last axis (first index on ties) as two plain reductions, which XLA CPU
     vectorizes (its variadic argmax reduce does not)."""
-    c = x_rc.shape[-1]
-    best = jnp.max(x_rc, axis=-1, keepdims=True)
-    return jnp.min(jnp.where(x_rc == best, jnp.arange(c, dtype=jnp.int32), c), axis=-1).astype(jnp.int32)
+    return _first_index_of(x_rc, jnp.max(x_rc, axis=-1))
 
 
 def _chunked_argmax(x_rv: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -137,16 +141,13 @@ def _chunked_argmax(x_rv: jax.Array) -> tuple[jax.Array, jax.Array]:
     x instead of two (a max, then an index select over all V: 2 ms a step at 32 x 49152 on CPU)."""
     r, v = x_rv.shape
     if v <= 2 * _CHUNK:
-        best_r1 = jnp.max(x_rv, axis=-1, keepdims=True)
-        return jnp.min(jnp.where(x_rv == best_r1, jnp.arange(v, dtype=jnp.int32), v), axis=-1), best_r1[:, 0]
+        best_r = jnp.max(x_rv, axis=-1)
+        return _first_index_of(x_rv, best_r), best_r
     pad = -v % _CHUNK
     x_rnk = jnp.pad(x_rv, ((0, 0), (0, pad)), constant_values=-jnp.inf).reshape(r, -1, _CHUNK)
-    chunk_max_rn = jnp.max(x_rnk, axis=-1)
-    j_r, best_r = _chunked_argmax(chunk_max_rn) if chunk_max_rn.shape[1] > 2 * _CHUNK else (
-        _first_argmax(chunk_max_rn), jnp.max(chunk_max_rn, axis=-1))
+    j_r, best_r = _chunked_argmax(jnp.max(x_rnk, axis=-1))
     x_rk = jnp.take_along_axis(x_rnk, j_r[:, None, None], axis=1)[:, 0]
-    i_r = jnp.min(jnp.where(x_rk == best_r[:, None], jnp.arange(_CHUNK, dtype=jnp.int32), _CHUNK), axis=-1)
-    return (j_r * _CHUNK + i_r).astype(jnp.int32), best_r
+    return j_r * _CHUNK + _first_index_of(x_rk, best_r), best_r
 
 
 def _top_p_threshold(probs_rv: jax.Array, top_p: float) -> jax.Array:

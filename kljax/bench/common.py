@@ -66,6 +66,15 @@ def geomean(values: Sequence[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
+def parse_subset(value: str, allowed: Sequence[str], flag: str) -> list[str]:
+    """A comma-separated, non-empty subset of `allowed` (e.g. --modes, --cases); ValueError naming the
+    flag, the bad value and the valid ones otherwise."""
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if not items or any(v not in allowed for v in items):
+        raise ValueError(f"{flag} must be a comma-separated subset of {','.join(allowed)}; got {value!r}")
+    return items
+
+
 def check_counts(args: Any, positive: Sequence[str], non_negative: Sequence[str] = ("warmup",)) -> None:
     """Raise ValueError naming the flag and its value for a count that is out of range."""
     for name in positive:

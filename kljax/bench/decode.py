@@ -50,10 +50,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _validate(args: argparse.Namespace) -> list[str]:
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES]
-    if bad or not modes:
-        raise ValueError(f"--modes must be a comma-separated subset of {','.join(MODES)}; got {args.modes!r}")
+    modes = common.parse_subset(args.modes, MODES, "--modes")
     common.check_counts(args, ("batch", "prompt_len", "new_tokens", "repeats"))
     return modes
 

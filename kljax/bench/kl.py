@@ -65,10 +65,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _validate(args: argparse.Namespace) -> list[str]:
-    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
-    bad = [c for c in cases if c not in CASES]
-    if bad or not cases:
-        raise ValueError(f"--cases must be a comma-separated subset of {','.join(CASES)}; got {args.cases!r}")
+    cases = common.parse_subset(args.cases, CASES, "--cases")
     common.check_counts(args, ("batch", "seq_len", "iters", "full_batch", "full_len", "full_chunk", "hidden", "vocab",
                                "repeats"), ("warmup", "memory_batch", "memory_len"))
     return cases
