@@ -40,7 +40,9 @@ def base() -> ml_collections.ConfigDict:
     c.rl = ml_collections.ConfigDict(
         dict(advantage="rloo", group_size=4, prompts_per_step=8, max_prompt_len=64, max_new_tokens=32,
              temperature=1.0, top_p=1.0, top_k=0, loss_aggregation="seq-mean-token-mean", clip_low=0.2,
-             clip_high=None, updates_per_batch=1, async_level=0, micro_batches=1)
+             clip_high=None, updates_per_batch=1, async_level=0, micro_batches=1,
+             # on-policy, take log pi of the sampled tokens from the sampler instead of a second forward pass
+             reuse_sampler_logprobs=True)
     )
     c.optim = ml_collections.ConfigDict(
         dict(learning_rate=1e-6, schedule="constant", warmup_steps=0, end_lr_fraction=0.0, weight_decay=0.0,

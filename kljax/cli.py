@@ -2,7 +2,9 @@
 
 A subcommand module provides `configure(parser: argparse.ArgumentParser) -> None` and
 `run(args: argparse.Namespace) -> int`. Heavy imports (torch, transformers) stay inside `run`, so
-`kljax --help` is fast. The table below is the only place that names them.
+`kljax --help` is fast. The table below is the only place that names them. Started from the
+command line, `kljax` re-executes itself once with glibc's huge-page malloc tunable set (about 25%
+faster train steps on CPU, see `kljax.hostmem`; KLJAX_HUGEPAGES=0 turns it off).
 """
 
 from __future__ import annotations
@@ -50,6 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run `kljax ARGV` (None: the command line, which first re-executes the process once with
+    glibc's huge-page malloc tunable when that applies, see `kljax.hostmem`)."""
+    if argv is None:
+        from kljax.hostmem import reexec_with_hugepages
+
+        reexec_with_hugepages(sys.argv[1:])
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if args.command is None:

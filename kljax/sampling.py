@@ -76,6 +76,7 @@ class SamplingParams:
     greedy: argmax decoding (temperature, top_p, top_k ignored).
     stop_token_ids: a response ends at the first of these (kept, masked after).
     n: samples per prompt.
+    entropy: also return the entropy of every step's distribution (`SampleResult.response_entropy_rn`).
     """
 
     max_new_tokens: int = 64
@@ -85,6 +86,7 @@ class SamplingParams:
     greedy: bool = False
     stop_token_ids: tuple[int, ...] = ()
     n: int = 1
+    entropy: bool = False
 
     def __post_init__(self) -> None:
         stops = self.stop_token_ids
@@ -252,6 +254,18 @@ def sampling_logprobs(logits_rv: jax.Array, tokens_r: jax.Array, sampling: Sampl
     return jnp.max(jnp.where(ids_rc == tokens_r[:, None], logq_rc, -jnp.inf), axis=-1)
 
 
+def sampling_entropy(logits_rv: jax.Array, sampling: SamplingParams) -> jax.Array:
+    """Entropy [R] float32 of the distribution the sampler draws from at these logits: -sum q log q
+    over the candidates (temperature, top-k, top-p applied). Greedy reports the model's own
+    temperature-1 entropy, as it reports the model's log-probs."""
+    logits_rv = logits_rv.astype(jnp.float32)
+    logits_rc = logits_rv if sampling.is_greedy else candidate_logits(logits_rv, sampling)[0]
+    shifted_rc = logits_rc - jnp.max(logits_rc, axis=-1, keepdims=True)
+    e_rc = jnp.exp(shifted_rc)  # 0 at excluded (-inf) candidates
+    total_r = jnp.sum(e_rc, axis=-1)
+    return jnp.log(total_r) - jnp.sum(jnp.where(e_rc > 0, e_rc * shifted_rc, 0.0), axis=-1) / total_r
+
+
 # ---------------------------------------------------------------------------------------- state
 
 
@@ -261,13 +275,15 @@ class DecodeState:
     """The `lax.while_loop` carry. R rows, N = max_new_tokens.
 
     step: int32 [] tokens sampled so far; tokens_rn int32 [R, N]; logp_rn float32 [R, N];
-    done_r bool [R] (a stop token was sampled); positions_r int32 [R] (RoPE position of the last
-    sampled token); cache: the KV cache (see `kljax.sampling_step`); key: the PRNG key of the run.
+    entropy_rn float32 [R, N] (None unless `SamplingParams.entropy`); done_r bool [R] (a stop token was
+    sampled); positions_r int32 [R] (RoPE position of the last sampled token); cache: the KV cache
+    (see `kljax.sampling_step`); key: the PRNG key of the run.
     """
 
     step: jax.Array
     tokens_rn: jax.Array
     logp_rn: jax.Array
+    entropy_rn: jax.Array | None
     done_r: jax.Array
     positions_r: jax.Array
     cache: step_lib.DecodeCache
@@ -283,6 +299,8 @@ class SampleResult:
     response_tokens_rn int32 [R, N]: sampled ids, pad id after the stop token / past the end.
     response_mask_rn bool [R, N]: True up to and including the first stop token.
     response_logprobs_rn float32 [R, N]: sampler log-probs (0 where masked).
+    response_entropy_rn float32 [R, N]: the entropy of each step's distribution (`sampling_entropy`;
+    0 where masked), or None unless `SamplingParams.entropy`.
     response_lengths_r int32 [R]; stopped_r bool [R]: the response ends with a stop token.
     prompt_tokens_rp, prompt_mask_rp [R, P]: the left-padded prompts, repeated n times.
     sequence_tokens_rs, sequence_mask_rs, sequence_positions_rs [R, S]: prompt + response, to
@@ -292,6 +310,7 @@ class SampleResult:
     response_tokens_rn: jax.Array
     response_mask_rn: jax.Array
     response_logprobs_rn: jax.Array
+    response_entropy_rn: jax.Array | None
     response_lengths_r: jax.Array
     stopped_r: jax.Array
     prompt_tokens_rp: jax.Array
@@ -337,10 +356,15 @@ def _generate_jit(
     stop_ids = jnp.asarray(sampling.stop_token_ids or (-1,), jnp.int32)
 
     tokens0_r, logp0_r = sample_logits(logits_rv, jax.random.fold_in(key, 0), sampling)
+    entropy_rn = None
+    if sampling.entropy:
+        entropy_rn = jnp.zeros((r, big_n), jnp.float32).at[:, 0].set(sampling_entropy(logits_rv, sampling))
+        entropy_rn = constrain_batch(entropy_rn, mesh)
     state = DecodeState(
         step=jnp.ones((), jnp.int32),
         tokens_rn=constrain_batch(jnp.zeros((r, big_n), jnp.int32).at[:, 0].set(tokens0_r), mesh),
         logp_rn=constrain_batch(jnp.zeros((r, big_n), jnp.float32).at[:, 0].set(logp0_r), mesh),
+        entropy_rn=entropy_rn,
         done_r=jnp.isin(tokens0_r, stop_ids),
         positions_r=jnp.repeat(positions_bp[:, -1], n) + 1,
         cache=cache,
@@ -349,10 +373,15 @@ def _generate_jit(
 
     def step_fn(state: DecodeState, logits_rv: jax.Array, cache: step_lib.DecodeCache) -> DecodeState:
         tok_r, logp_r = sample_logits(logits_rv, jax.random.fold_in(state.key, state.step), sampling)
+        entropy_rn = state.entropy_rn
+        if entropy_rn is not None:
+            entropy_r = sampling_entropy(logits_rv, sampling)
+            entropy_rn = jax.lax.dynamic_update_index_in_dim(entropy_rn, entropy_r, state.step, 1)
         return DecodeState(
             step=state.step + 1,
             tokens_rn=jax.lax.dynamic_update_index_in_dim(state.tokens_rn, tok_r, state.step, 1),
             logp_rn=jax.lax.dynamic_update_index_in_dim(state.logp_rn, logp_r, state.step, 1),
+            entropy_rn=entropy_rn,
             done_r=state.done_r | jnp.isin(tok_r, stop_ids),
             positions_r=state.positions_r + 1,
             cache=cache,
@@ -373,6 +402,7 @@ def _generate_jit(
     mask_rn = ran_rn & (j_n[None, :] <= first_stop_r[:, None])
     tokens_rn = jnp.where(mask_rn, state.tokens_rn, _pad_id(config))
     logp_rn = jnp.where(mask_rn, state.logp_rn, 0.0)
+    entropy_rn = None if state.entropy_rn is None else jnp.where(mask_rn, state.entropy_rn, 0.0)
 
     prompt_tokens_rp = jnp.repeat(prompt_tokens_bp, n, axis=0)
     prompt_mask_rp = jnp.repeat(prompt_mask_bp, n, axis=0)
@@ -382,6 +412,7 @@ def _generate_jit(
         response_tokens_rn=tokens_rn,
         response_mask_rn=mask_rn,
         response_logprobs_rn=logp_rn,
+        response_entropy_rn=entropy_rn,
         response_lengths_r=mask_rn.sum(-1).astype(jnp.int32),
         stopped_r=stopped_r,
         prompt_tokens_rp=prompt_tokens_rp,

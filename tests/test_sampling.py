@@ -211,6 +211,56 @@ def test_tempered_and_truncated_logprobs_equal_teacher_forced_ones(tiny):
             np.testing.assert_allclose(np.asarray(out.response_logprobs_rn), np.asarray(forced), atol=1e-4)
 
 
+@pytest.mark.parametrize("sp", [
+    SamplingParams(max_new_tokens=16, temperature=0.7, top_k=5),
+    SamplingParams(max_new_tokens=16, temperature=1.2, top_p=0.6),
+    SamplingParams(max_new_tokens=16, greedy=True),
+], ids=["top_k", "top_p", "greedy"])
+def test_sampling_entropy_is_the_entropy_of_the_distribution_sampled_from(tiny, sp):
+    """-sum q log q over the renormalized candidates, q from `sampling_logprobs` of every token
+    (greedy: the model's temperature-1 distribution); excluded tokens carry no mass."""
+    params, config = tiny
+    tokens, mask = prompts(config.vocab_size, lengths=(4, 6, 2))
+    logits_rv = jnp.asarray(last_logits(params, config, tokens, mask))
+    r, v = logits_rv.shape
+    every_rv = jnp.broadcast_to(jnp.arange(v), (r, v))
+    logq_rv = jax.vmap(lambda t: sampling.sampling_logprobs(logits_rv, t, sp), in_axes=1, out_axes=1)(every_rv)
+    q_rv = np.exp(np.asarray(logq_rv, np.float64))
+    np.testing.assert_allclose(q_rv.sum(-1), 1.0, atol=1e-5)
+    want = -np.sum(np.where(q_rv > 0, q_rv * np.log(np.where(q_rv > 0, q_rv, 1.0)), 0.0), axis=-1)
+    got = np.asarray(sampling.sampling_entropy(logits_rv, sp))
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["llama_tied", "qwen3"])
+def test_sampler_entropy_equals_teacher_forced_entropy(tiny_models, family):
+    """With `entropy=True` the sampler returns each step's entropy, which at temperature 1 equals the
+    trainer's teacher-forced entropy (`token_logprobs(with_entropy=True)`); 0 after a stop; None
+    when not asked for, and the tokens and log-probs are the same either way."""
+    params, config, _ = tiny_models[family]
+    tokens, mask = prompts(config.vocab_size, lengths=(5, 9, 3))
+    plain = generate(params, config, tokens, mask, jax.random.key(2), SamplingParams(max_new_tokens=20, n=2))
+    stop = int(np.asarray(plain.response_tokens_rn)[1, 6])
+    sp = SamplingParams(max_new_tokens=20, n=2, stop_token_ids=(stop,))
+    without = generate(params, config, tokens, mask, jax.random.key(2), sp)
+    out = generate(params, config, tokens, mask, jax.random.key(2), dataclasses.replace(sp, entropy=True))
+    assert without.response_entropy_rn is None
+    np.testing.assert_array_equal(out.response_tokens_rn, without.response_tokens_rn)
+    np.testing.assert_array_equal(out.response_logprobs_rn, without.response_logprobs_rn)
+    seq = out.sequence_tokens_rs
+    _, entropy_rs = jax.jit(tf.token_logprobs, static_argnames=("config", "with_entropy"))(
+        params, seq, out.sequence_mask_rs, out.sequence_positions_rs, jnp.roll(seq, -1, axis=1),
+        config=config, with_entropy=True,
+    )
+    p, n = out.prompt_length, out.response_tokens_rn.shape[1]
+    response_mask = np.asarray(out.response_mask_rn)
+    want = np.where(response_mask, np.asarray(entropy_rs)[:, p - 1: p - 1 + n], 0.0)
+    got = np.asarray(out.response_entropy_rn)
+    assert not response_mask.all() and (got[~response_mask] == 0).all()  # the stop masked something
+    assert (got[response_mask] > 0).all()
+    np.testing.assert_allclose(got, want, atol=1e-4)
+
+
 # ---------------------------------------------------------------------------------------- stops, masks
 
 

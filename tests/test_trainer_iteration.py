@@ -89,3 +89,45 @@ def test_score_time_includes_the_asynchronous_scoring(monkeypatch):
     row = iteration(run, state, ref_params, 1, beta=beta).row
     assert row["time_score"] >= delay, row
     assert row["time_update"] < delay, row
+
+
+@pytest.mark.parametrize("rl, kl, reused", [
+    ({}, {}, True),
+    ({"temperature": 0.0}, {}, True),  # greedy: the sampler reports pi's own log-probs
+    ({"reuse_sampler_logprobs": False}, {}, False),
+    ({"async_level": 1}, {}, False),  # stale sampler parameters
+    ({"temperature": 0.7}, {}, False),
+    ({"top_k": 5}, {}, False),
+    ({"top_p": 0.9}, {}, False),
+    ({}, {"estimator": "full", "placement": "loss"}, False),  # needs the policy's hidden states
+])
+def test_sampler_is_policy_only_when_the_sampler_draws_from_pi(rl, kl, reused):
+    from kljax.train.rollout import sampler_is_policy
+
+    settings = validate(tiny(**{f"rl.{k}": v for k, v in rl.items()}, **{f"kl.{k}": v for k, v in kl.items()}))
+    assert sampler_is_policy(settings.rl, settings.kl) is reused
+
+
+@pytest.mark.parametrize("kl", [{"kl.estimator": "k1", "kl.placement": "reward"},
+                                {"kl.estimator": "k3", "kl.placement": "both"}])
+def test_reusing_the_samplers_logprobs_equals_rescoring(kl):
+    """On-policy, the iteration that takes log pi and the entropy from the sampler (no policy forward
+    in scoring: its score function returns the reference's log-probs only) logs the same KL and
+    entropy metrics, builds the same advantages and makes the same update as the one that re-scores."""
+    results = {}
+    for reuse in (True, False):
+        run, state, ref_params = build(validate(tiny(**kl, **{"rl.reuse_sampler_logprobs": reuse})))
+        beta, rows = float(run.settings.kl.beta), []
+        for step in range(2):
+            it = iteration(run, state, ref_params, step, beta=beta)
+            state, beta = it.state, it.beta
+            rows.append(it.row)
+        scored = run.score_fn(state.params, ref_params, it.batch)
+        assert ("logp" in scored) is not reuse
+        results[reuse] = rows, jax.device_get(it.batch), jax.device_get(state.params)
+    (rows, batch, params), (rows_rescored, batch_rescored, params_rescored) = results[True], results[False]
+    for row, want in zip(rows, rows_rescored, strict=True):
+        for key in ("kl_seq", "k1", "k2", "k3", "entropy", "reward", "loss", "pg_loss", "kl_loss", "grad_norm"):
+            np.testing.assert_allclose(row[key], want[key], atol=1e-5, rtol=1e-4, err_msg=key)
+    np.testing.assert_allclose(batch.advantages_br, batch_rescored.advantages_br, atol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), params, params_rescored)

@@ -123,7 +123,8 @@ def reset_peak_rss() -> bool:
 
 
 def machine_info(load_before: tuple[float, float, float] | None = None) -> dict[str, Any]:
-    """Cores, platform, JAX backend and device kind, load averages (before the run and now)."""
+    """Cores, platform, JAX backend and device kind, load averages (before the run and now), and the
+    glibc tunables both sides ran under (`kljax.hostmem`)."""
     import jax
 
     device = jax.devices()[0]
@@ -131,6 +132,7 @@ def machine_info(load_before: tuple[float, float, float] | None = None) -> dict[
         "cpu_count": os.cpu_count() or 1, "platform": platform.platform(), "jax_backend": jax.default_backend(),
         "device_kind": getattr(device, "device_kind", str(device)),
         "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "peak_rss_mb": round(peak_rss_mb(), 1),
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
     }
 
 

@@ -4,21 +4,20 @@
                    [--repeats 5] [--warmup 1] [--threads N] [--gradient-checkpointing]
                    [--peak-gflops G] [--no-peer] [--json PATH]
 
-An iteration: sample G completions for each of B arithmetic prompts (up to N new tokens,
-temperature 1) -> rewards (kljax's arithmetic scorer, on both sides) -> policy and reference
-log-probs -> group advantages -> one AdamW update on the B * G completions. kljax runs its real
-trainer (`trainer.build` for the model, task, optimizer and jitted score/step functions, then
-`trainer.iteration`, the loop body of `kljax train`, metrics row included) with GRPO advantages and
-k3 in the loss (beta 0.04), the KL of TRL's GRPO; TRL runs `GRPOTrainer.train()` with
-num_generations=G and one generation batch per optimizer step (per_device_train_batch_size =
-B * G, gradient_accumulation_steps = steps_per_generation = num_iterations = 1), loss_type="grpo",
-the same learning rate, PPO clip, gradient clipping and AdamW settings, float32, no vLLM, and
-activation recomputation on both sides or neither (`--gradient-checkpointing`; kljax's default
-config has none, TRL's GRPOConfig turns it on by default). Both see the same prompts in the same
-order (TRL's dataset unshuffled), rendered to the same text by kljax's prompt code. Not matched:
-TRL's KL term is a per-sequence token mean, kljax's a per-sequence token sum (same work, different
-scale); kljax also computes the policy's own log-probs and entropy while scoring, which TRL skips
-on-policy.
+An iteration: sample G completions for each of B arithmetic prompts (up to N new tokens, temperature
+1) -> rewards (kljax's arithmetic scorer, on both sides) -> reference log-probs (the policy's are
+the sampler's on both sides: on-policy, neither runs a second policy forward pass; kljax's
+`rl.reuse_sampler_logprobs`) -> group advantages -> one AdamW update on the B * G completions. kljax
+runs its real trainer (`trainer.build` for the model, task, optimizer and jitted score/step
+functions, then `trainer.iteration`, the loop body of `kljax train`, metrics row included) with GRPO
+advantages and k3 in the loss (beta 0.04), the KL of TRL's GRPO; TRL runs `GRPOTrainer.train()` with
+num_generations=G and one generation batch per optimizer step (per_device_train_batch_size = B * G,
+gradient_accumulation_steps = steps_per_generation = num_iterations = 1), loss_type="grpo", the same
+learning rate, PPO clip, gradient clipping and AdamW settings, float32, no vLLM, and activation
+recomputation on both sides or neither (`--gradient-checkpointing`; kljax's default config has none,
+TRL's GRPOConfig turns it on by default). Both see the same prompts in the same order (TRL's dataset
+unshuffled), rendered to the same text by kljax's prompt code. Not matched: TRL's KL term is a per-
+sequence token mean, kljax's a per-sequence token sum (same work, different scale).
 
 Each side runs in its own subprocess pinned to the same `--threads` CPUs (torch gets as many
 threads), so peak memory (`ru_maxrss`) is per side and the two thread pools never compete. Each
@@ -34,8 +33,9 @@ recomputed activations and the optimizer's elementwise work are left out:
     sampling  2 N (P_u + T_gen) + 2 H T_gen      P_u real prompt tokens of the B distinct prompts
                                                  (prefilled once for their G samples), T_gen real
                                                  generated tokens
-    scoring   2 * (2 N T_seq + 2 H T_gen)        policy and reference forward over the T_seq real
-                                                 tokens of the B * G prompt + completion sequences
+    scoring   2 N T_seq + 2 H T_gen              the reference's forward over the T_seq real tokens
+                                                 of the B * G prompt + completion sequences (on-policy
+                                                 the policy's log-probs need no forward of their own)
     update    6 N T_seq + 6 H T_gen              forward + backward
     MFU = model FLOPs / (seconds per iteration * peak), the peak a float32 matmul measured in the
     kljax process (`common.peak_gflops`) on the same CPUs, or `--peak-gflops`.
@@ -131,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
     summary["machine"] = {
         "cpu_count": os.cpu_count(), "cpus_used": settings["cpus"], "platform": platform.platform(),
         "python": platform.python_version(), "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),  # inherited by both sides (kljax.hostmem)
     }
     summary["wall_s"] = round(time.perf_counter() - t0, 1)
     print_table(summary)
@@ -251,7 +252,7 @@ def model_flops(n_body: float, n_head: float, prompt_unique: float, generated: f
     n_body non-embedding parameters, n_head = vocab * hidden, then the token counts P_u, T_gen, T_seq."""
     out = {
         "sample": 2 * n_body * (prompt_unique + generated) + 2 * n_head * generated,
-        "score": 2 * (2 * n_body * sequence + 2 * n_head * generated),
+        "score": 2 * n_body * sequence + 2 * n_head * generated,
         "update": 6 * n_body * sequence + 6 * n_head * generated,
     }
     out["total"] = sum(out.values())

@@ -28,7 +28,13 @@ PROMPT_FORMATS = ("chat", "plain", "raw")
 
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
-    """Sampling and policy-loss settings of the RL loop."""
+    """Sampling and policy-loss settings of the RL loop.
+
+    reuse_sampler_logprobs: when the sampler draws from the policy itself (see
+    `kljax.train.rollout.sampler_is_policy`), take the policy's log-probs of the sampled tokens (and
+    the entropy metric) from the sampler instead of re-scoring the batch with another policy forward
+    pass; False always re-scores.
+    """
 
     advantage: str = "rloo"
     group_size: int = 4
@@ -44,6 +50,7 @@ class RLConfig:
     updates_per_batch: int = 1
     async_level: int = 0
     micro_batches: int = 1
+    reuse_sampler_logprobs: bool = True
 
     @property
     def batch_size(self) -> int:

@@ -4,6 +4,7 @@
              --sampling.generate (params of the sampler)--> responses, mask, sampler log-probs
              --tasks.score_batch--> task rewards, correctness
              --step.score (current params, reference params)--> log pi, log pi_ref, entropy
+               (log pi and entropy from the sampler instead when it drew from pi: `sampler_is_policy`)
              --kl_terms + token_advantages--> advantages with the KL reward penalty folded in
 
 Multi-host: every process tokenizes the step's prompts (the same host data, so the prompt bucket
@@ -84,6 +85,20 @@ def encode_prompts(texts: Sequence[str], tokenizer: Any, max_len: int, pad_id: i
     return ids, mask
 
 
+def sampler_is_policy(rl: RLConfig, kl: KLConfig) -> bool:
+    """Whether a rollout takes log pi of the sampled tokens and the entropy from the sampler instead of
+    a policy forward pass (`rl.reuse_sampler_logprobs`).
+
+    Exact when the sampler draws from pi itself: the current parameters (rl.async_level 0) and the
+    untruncated temperature-1 distribution (or greedy, whose reported log-probs are pi's). Its
+    log-probs then equal teacher-forced ones to float rounding (`tests/test_sampling*.py`), so the
+    second forward pass would recompute them. kl.estimator='full' needs the policy's hidden states
+    anyway and always re-scores.
+    """
+    untruncated = rl.temperature == 0.0 or (rl.temperature == 1.0 and rl.top_p == 1.0 and rl.top_k == 0)
+    return rl.reuse_sampler_logprobs and rl.async_level == 0 and untruncated and kl.estimator != "full"
+
+
 def decode_responses(tokenizer: Any, tokens_rn: np.ndarray, mask_rn: np.ndarray) -> list[str]:
     """The text of each response's unmasked tokens (special tokens skipped)."""
     return [
@@ -119,7 +134,7 @@ def rollout(
     prompt_ids, prompt_mask = encode_prompts(texts, tokenizer, rl.max_prompt_len, pad_id)
     params_s = sampling.SamplingParams(
         temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k, max_new_tokens=rl.max_new_tokens,
-        stop_token_ids=tuple(stop_token_ids), n=rl.group_size,
+        stop_token_ids=tuple(stop_token_ids), n=rl.group_size, entropy=sampler_is_policy(rl, kl),
     )
     result = sampling.generate(sampler_params, model_config, prompt_ids, prompt_mask, key, params_s, mesh=mesh)
     response_tokens, response_mask = result.response_tokens_rn, result.response_mask_rn
@@ -152,6 +167,8 @@ def rollout(
         beta=jnp.float32(beta),
     ))
     scored = score_fn(params, ref_params, partial)
+    if "logp" not in scored:  # score_fn ran the reference only: the sampler drew from pi (sampler_is_policy)
+        scored = dict(scored, logp=partial.sampler_logp_br, entropy=jnp.asarray(result.response_entropy_rn))
     terms = kl_terms(kl, scored["logp"], scored["ref_logp"], partial.response_mask_br, partial.sampler_logp_br,
                      scored.get("full_kl"))
     advantages = adv.token_advantages(rewards_b, terms.penalty_bt, terms.penalty_b, beta, g, rl.advantage)

@@ -124,10 +124,12 @@ def full_kl_from_hidden(
 
 def score(
     params: Any, ref_params: Any, batch: Batch, model: ModelConfig, chunk: int = 256, micro_batches: int = 1,
-    full_kl: bool = False,
+    full_kl: bool = False, policy: bool = True,
 ) -> dict[str, Array]:
     """Log-probs of the responses under the current policy (with entropy) and the reference. [B, R] each.
     With full_kl, also the full-vocabulary KL at each response position ("full_kl", [B, R]).
+    With policy=False only the reference's ("ref_logp"): for a caller that has the policy's from the
+    sampler (`kljax.train.rollout.sampler_is_policy`); `params` is then unused.
 
     With micro_batches > 1 the batch is scored in strided slices one after another (`lax.map`), so
     activations are held for B / micro_batches sequences at a time.
@@ -137,15 +139,20 @@ def score(
         mb = _constrain(mb)
         r = mb.response_mask_br.shape[1]
         targets = mb.tokens_bs[:, -r:]
-        hidden = response_hidden(params, mb.tokens_bs, mb.mask_bs, mb.positions_bs, r, model)
         ref_hidden = response_hidden(ref_params, mb.tokens_bs, mb.mask_bs, mb.positions_bs, r, model)
-        logp, entropy = tfm.logprobs_from_hidden(params, hidden, targets, model, chunk_size=chunk, with_entropy=True)
-        ref = tfm.logprobs_from_hidden(ref_params, ref_hidden, targets, model, chunk_size=chunk)
-        out = {"logp": logp, "entropy": entropy, "ref_logp": ref}
+        out = {"ref_logp": tfm.logprobs_from_hidden(ref_params, ref_hidden, targets, model, chunk_size=chunk)}
+        if not policy:
+            return out
+        hidden = response_hidden(params, mb.tokens_bs, mb.mask_bs, mb.positions_bs, r, model)
+        out["logp"], out["entropy"] = tfm.logprobs_from_hidden(
+            params, hidden, targets, model, chunk_size=chunk, with_entropy=True
+        )
         if full_kl:
             out["full_kl"] = full_kl_from_hidden(params, ref_params, hidden, ref_hidden, model, chunk)
         return out
 
+    if full_kl and not policy:
+        raise ValueError("score: full_kl needs the policy's forward pass (policy=True)")
     if micro_batches == 1:
         return one(batch)
     if batch.tokens_bs.shape[0] % micro_batches:

@@ -40,7 +40,7 @@ from kljax.train import state as st
 from kljax.train.config import RunSettings, check_against_model, validate
 from kljax.train.evaluate_loop import evaluate_splits
 from kljax.train.policy import Policy, load_policy
-from kljax.train.rollout import RolloutInfo, rollout
+from kljax.train.rollout import RolloutInfo, rollout, sampler_is_policy
 from kljax.train.step import Batch, StepSettings, batch_kl_metrics, batch_shardings, score, train_step
 
 PROGRESS_KEYS = ("reward", "accuracy", "kl_seq", "entropy")
@@ -136,7 +136,8 @@ def build(settings: RunSettings) -> tuple[Run, st.TrainState, Any]:
                                  out_shardings=(state_sh, None), donate_argnums=0), mesh)
     full = settings.kl.estimator == "full"
     score_fn = under_mesh(jax.jit(functools.partial(score, model=policy.model, micro_batches=rl.micro_batches,
-                                                    full_kl=full)), mesh)
+                                                    full_kl=full, policy=not sampler_is_policy(rl, settings.kl))),
+                          mesh)
 
     def place(batch):
         return jax.device_put(batch, batch_shardings(batch, mesh))
