@@ -3,7 +3,7 @@
 A subcommand module provides `configure(parser: argparse.ArgumentParser) -> None` and
 `run(args: argparse.Namespace) -> int`. Heavy imports (torch, transformers) stay inside `run`, so
 `kljax --help` is fast. The table below is the only place that names them. Started from the
-command line, `kljax` re-executes itself once with glibc's huge-page malloc tunable set (about 25%
+command line, `kljax` re-executes itself once with glibc's huge-page malloc tunable set (about 17%
 faster train steps on CPU, see `kljax.hostmem`; KLJAX_HUGEPAGES=0 turns it off).
 """
 
