@@ -11,7 +11,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 scipy_stats = pytest.importorskip("scipy.stats")
 
-from kljax import sampling  # noqa: E402
+from kljax import sampling, sampling_logits  # noqa: E402
 from kljax import sharding as sharding_lib  # noqa: E402
 from kljax.models import transformer as tf  # noqa: E402
 from kljax.models.convert import load_hf_checkpoint  # noqa: E402
@@ -398,6 +398,6 @@ def test_chunked_argmax_is_the_first_argmax(v):
     x[3, -1] = 50.0  # the last token
     x[4, :] = -np.inf
     x[4, v // 2] = -1.0  # one finite value among -inf
-    tokens, best = jax.jit(sampling._chunked_argmax)(jnp.asarray(x))
+    tokens, best = jax.jit(sampling_logits._chunked_argmax)(jnp.asarray(x))
     np.testing.assert_array_equal(np.asarray(tokens), np.argmax(x, axis=-1))
     np.testing.assert_array_equal(np.asarray(best), np.max(x, axis=-1))

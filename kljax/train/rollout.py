@@ -132,9 +132,10 @@ def rollout(
     t0 = time.perf_counter()
     texts = prompt_texts(examples, task, tokenizer, prompt_format)
     prompt_ids, prompt_mask = encode_prompts(texts, tokenizer, rl.max_prompt_len, pad_id)
+    reuse = sampler_is_policy(rl, kl)  # then score_fn runs the reference only (`trainer.build`)
     params_s = sampling.SamplingParams(
         temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k, max_new_tokens=rl.max_new_tokens,
-        stop_token_ids=tuple(stop_token_ids), n=rl.group_size, entropy=sampler_is_policy(rl, kl),
+        stop_token_ids=tuple(stop_token_ids), n=rl.group_size, entropy=reuse,
     )
     result = sampling.generate(sampler_params, model_config, prompt_ids, prompt_mask, key, params_s, mesh=mesh)
     response_tokens, response_mask = result.response_tokens_rn, result.response_mask_rn
@@ -167,7 +168,7 @@ def rollout(
         beta=jnp.float32(beta),
     ))
     scored = score_fn(params, ref_params, partial)
-    if "logp" not in scored:  # score_fn ran the reference only: the sampler drew from pi (sampler_is_policy)
+    if reuse:  # the sampler drew from pi: its log-probs and entropy are the policy's
         scored = dict(scored, logp=partial.sampler_logp_br, entropy=jnp.asarray(result.response_entropy_rn))
     terms = kl_terms(kl, scored["logp"], scored["ref_logp"], partial.response_mask_br, partial.sampler_logp_br,
                      scored.get("full_kl"))
