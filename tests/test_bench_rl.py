@@ -24,7 +24,8 @@ def tiny_model(tmp_path_factory):
 
 def test_bench_rl_times_both_sides_on_the_same_work(tiny_model, tmp_path, capsys):
     out = tmp_path / "rl.json"
-    flags = ["--prompts", "2", "--group", "2", "--new-tokens", "6", "--repeats", "2", "--warmup", "0"]
+    flags = ["--prompts", "2", "--group", "2", "--new-tokens", "6", "--repeats", "2", "--warmup", "0",
+             "--micro-batches", "2"]  # each side splits its one update per iteration into 2 micro-batches
     code = main(["bench", "rl", "--model", str(tiny_model), *flags, "--json", str(out)]
                 + ([] if HAS_TRL else ["--no-peer"]))
     assert code == 0
@@ -36,7 +37,7 @@ def test_bench_rl_times_both_sides_on_the_same_work(tiny_model, tmp_path, capsys
     assert set(k["split"]) == {"sample", "reward", "score", "update"}
     assert k["iterations"] == 3 and k["optimizer_steps"] == 3 and k["completions_per_iteration"] == 4
     assert 0 < k["tokens_per_iteration"]["generated"] <= 4 * 6
-    assert k["peak_rss_mb"] > 0 and result["settings"]["new_tokens"] == 6
+    assert k["peak_rss_mb"] > 0 and result["settings"]["new_tokens"] == 6 and result["settings"]["micro_batches"] == 2
     printed = capsys.readouterr().out
     assert "kljax" in printed and "s/iter" in printed
     if not HAS_TRL:
@@ -53,7 +54,8 @@ def test_bench_rl_times_both_sides_on_the_same_work(tiny_model, tmp_path, capsys
 
 
 @pytest.mark.parametrize("flag, value", [("--prompts", "0"), ("--group", "1"), ("--repeats", "0"),
-                                         ("--warmup", "-1"), ("--threads", "0"), ("--threads", "100000")])
+                                         ("--warmup", "-1"), ("--threads", "0"), ("--threads", "100000"),
+                                         ("--micro-batches", "0"), ("--micro-batches", "3")])
 def test_bench_rl_rejects_bad_values(tiny_model, flag, value):
     with pytest.raises(ValueError, match=f"{flag}.*{value}"):
         main(["bench", "rl", "--model", str(tiny_model), flag, value])

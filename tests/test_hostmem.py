@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from kljax import hostmem
-from kljax.hostmem import TUNABLE, tuned_environment
+from kljax.hostmem import RETAIN_TUNABLES, TUNABLE, tuned_environment
 
 GLIBC = (2, 36)
 
@@ -21,6 +21,21 @@ def test_adds_the_tunable_and_keeps_the_users_other_ones():
     assert env["GLIBC_TUNABLES"] == f"glibc.malloc.arena_max=2:{TUNABLE}=1"
 
 
+def test_retain_opt_in_adds_the_tunables_the_user_did_not_set():
+    retain = ":".join(f"{n}={v}" for n, v in RETAIN_TUNABLES)
+    env = tuned_environment({"KLJAX_MALLOC_RETAIN": "1"}, GLIBC, "madvise")
+    assert env["GLIBC_TUNABLES"] == f"{TUNABLE}=1:{retain}"
+    # no huge pages possible (or opted out): retention alone
+    assert tuned_environment({"KLJAX_MALLOC_RETAIN": "1"}, GLIBC, "never")["GLIBC_TUNABLES"] == retain
+    env = tuned_environment({"KLJAX_MALLOC_RETAIN": "1", "GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}, GLIBC, "always")
+    assert env["GLIBC_TUNABLES"].split(":") == ["glibc.malloc.arena_max=4", f"{TUNABLE}=1",  # the user's arena_max kept
+                                                *(f"{n}={v}" for n, v in RETAIN_TUNABLES[1:])]
+    # the re-executed process has them all: nothing more to add, no second re-exec
+    assert tuned_environment({"KLJAX_MALLOC_RETAIN": "1", "GLIBC_TUNABLES": env["GLIBC_TUNABLES"]}, GLIBC,
+                             "always") is None
+    assert tuned_environment({"KLJAX_MALLOC_RETAIN": "0"}, GLIBC, "madvise")["GLIBC_TUNABLES"] == f"{TUNABLE}=1"
+
+
 @pytest.mark.parametrize("environ, glibc, thp, system", [
     ({"GLIBC_TUNABLES": f"{TUNABLE}=0"}, GLIBC, "madvise", "linux"),  # the user's own setting wins
     ({"GLIBC_TUNABLES": f"glibc.malloc.arena_max=1:{TUNABLE}=2"}, GLIBC, "madvise", "linux"),
@@ -30,6 +45,8 @@ def test_adds_the_tunable_and_keeps_the_users_other_ones():
     ({}, GLIBC, "never", "linux"),  # transparent huge pages off
     ({}, GLIBC, None, "linux"),
     ({}, GLIBC, "always", "darwin"),
+    ({"KLJAX_MALLOC_RETAIN": "1"}, (2, 34), "madvise", "linux"),
+    ({"KLJAX_MALLOC_RETAIN": "1"}, GLIBC, "always", "darwin"),
 ])
 def test_no_reexec_when_it_cannot_help_or_the_user_chose(environ, glibc, thp, system):
     assert tuned_environment(environ, glibc, thp, system) is None

@@ -1,7 +1,7 @@
 """`kljax bench rl`: one whole RL iteration, kljax's trainer vs TRL's `GRPOTrainer`, matched settings.
 
     kljax bench rl [--model DIR|random:NAME] [--prompts 8] [--group 4] [--new-tokens 64]
-                   [--repeats 5] [--warmup 1] [--threads N] [--gradient-checkpointing]
+                   [--repeats 5] [--warmup 1] [--threads N] [--micro-batches M] [--gradient-checkpointing]
                    [--peak-gflops G] [--no-peer] [--json PATH]
 
 An iteration: sample G completions for each of B arithmetic prompts (up to N new tokens, temperature
@@ -15,7 +15,11 @@ num_generations=G and one generation batch per optimizer step (per_device_train_
 gradient_accumulation_steps = steps_per_generation = num_iterations = 1), loss_type="grpo", the same
 learning rate, PPO clip, gradient clipping and AdamW settings, float32, no vLLM, and activation
 recomputation on both sides or neither (`--gradient-checkpointing`; kljax's default config has none,
-TRL's GRPOConfig turns it on by default). Both see the same prompts in the same order (TRL's dataset
+TRL's GRPOConfig turns it on by default), and the update's B * G completions split into the same
+number of micro-batches on both sides (`--micro-batches M`, exact gradient accumulation: kljax
+`rl.micro_batches` = M, which also splits its reference scoring; TRL per_device_train_batch_size
+= B * G / M with gradient_accumulation_steps = steps_per_generation = M, still one generation and
+one optimizer step per iteration). Both see the same prompts in the same order (TRL's dataset
 unshuffled), rendered to the same text by kljax's prompt code. Not matched: TRL's KL term is a per-
 sequence token mean, kljax's a per-sequence token sum (same work, different scale).
 
@@ -80,6 +84,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="CPUs each side is pinned to (default: all)")
     parser.add_argument("--peak-gflops", type=float, default=None,
                         help="peak GFLOP/s for MFU (default: measure a float32 matmul now)")
+    parser.add_argument("--micro-batches", type=int, default=1,
+                        help="split the update (and kljax's reference scoring) into M micro-batches on both sides, "
+                        "accumulating gradients; M must divide prompts * group (default 1: the whole batch at once)")
     parser.add_argument("--gradient-checkpointing", action="store_true",
                         help="recompute activations in the backward pass on both sides (kljax model.remat='full', "
                         "TRL gradient_checkpointing=True, TRL's GRPOConfig default); off: neither does")
@@ -95,9 +102,12 @@ def _available_cpus() -> list[int]:
 
 def _validate(args: argparse.Namespace) -> dict[str, Any]:
     """The settings both children read, after checking every flag."""
-    common.check_counts(args, ("prompts", "new_tokens", "repeats"))
+    common.check_counts(args, ("prompts", "new_tokens", "repeats", "micro_batches"))
     if args.group < 2:
         raise ValueError(f"--group must be >= 2 (a group baseline needs other samples), got {args.group}")
+    if (args.prompts * args.group) % args.micro_batches:
+        raise ValueError(f"--micro-batches {args.micro_batches} must divide the batch of --prompts * --group = "
+                         f"{args.prompts * args.group} completions")
     cpus = _available_cpus()
     threads = len(cpus) if args.threads is None else args.threads
     if not 1 <= threads <= len(cpus):
@@ -115,6 +125,7 @@ def _validate(args: argparse.Namespace) -> dict[str, Any]:
         "temperature": 1.0, "beta": BETA, "kl": "k3 in the loss, per token", "advantage": "grpo (group mean/std)",
         "learning_rate": LEARNING_RATE, "clip": CLIP, "max_grad_norm": 1.0, "task": f"{TASK}:{SPLIT}",
         "dtype": "float32", "gradient_checkpointing": bool(args.gradient_checkpointing),
+        "micro_batches": args.micro_batches,
     }
 
 
@@ -294,7 +305,7 @@ def _kljax_config(settings: dict[str, Any], prompt_format: str, max_prompt_len: 
     c.rl.max_prompt_len, c.rl.max_new_tokens = max_prompt_len, settings["new_tokens"]
     c.rl.temperature, c.rl.top_p, c.rl.top_k = settings["temperature"], 1.0, 0
     c.rl.loss_aggregation, c.rl.clip_low, c.rl.clip_high = "seq-mean-token-mean", CLIP, None
-    c.rl.updates_per_batch, c.rl.async_level, c.rl.micro_batches = 1, 0, 1
+    c.rl.updates_per_batch, c.rl.async_level, c.rl.micro_batches = 1, 0, settings["micro_batches"]
     c.optim.learning_rate, c.optim.schedule, c.optim.max_grad_norm = LEARNING_RATE, "constant", 1.0
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
     c.model.remat = "full" if settings["gradient_checkpointing"] else "none"
@@ -396,7 +407,7 @@ def print_table(summary: dict[str, Any]) -> None:
     s = summary["settings"]
     print(f"kljax bench rl: {s['model'] or 'SmolLM2-135M-Instruct'} on {s['task']}, {s['prompts']} prompts x "
           f"{s['group']} samples x {s['new_tokens']} new tokens, {s['repeats']} timed iterations, "
-          f"{s['threads']} threads")
+          f"{s['threads']} threads, update in {s['micro_batches']} micro-batch(es)")
     print(f"{'system':10s} {'s/iter':>8s} {'min-max':>13s} {'sample':>7s} {'reward':>7s} {'score':>7s} "
           f"{'update':>7s} {'peak MiB':>9s} {'MFU':>7s} {'gen tok':>8s}")
     for key, side in summary["sides"].items():

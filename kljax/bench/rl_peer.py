@@ -1,15 +1,15 @@
 """The TRL side of `kljax bench rl` (run in its own process): `GRPOTrainer` on the same prompts, reward
 and settings as kljax's side, timed per optimizer step by a `TrainerCallback`.
 
-GRPOConfig: num_generations = G, per_device_train_batch_size = B * G with
-gradient_accumulation_steps = steps_per_generation = num_iterations = 1 (so one generation batch
-of B * G completions per optimizer step, and TRL takes the old log-probs from the policy's own
-forward, as on-policy kljax does), loss_type "grpo" (sequence mean of token means, as kljax's
-seq-mean-token-mean), group-std reward scaling, k3 KL in the loss (beta), PPO clip, constant
-learning rate, AdamW with global-norm clipping 1.0, float32, unshuffled data, no logging or saving.
-The reward function calls kljax's `score_batch` on the decoded completions. Timing splits: the
-`_generate` call (sampling), the reward function, and the rest of the step (reference log-probs,
-forward, backward and optimizer step).
+GRPOConfig: num_generations = G, per_device_train_batch_size = B * G / M with
+gradient_accumulation_steps = steps_per_generation = M (`--micro-batches`, default 1) and
+num_iterations = 1 (so one generation batch of B * G completions per optimizer step, and TRL
+takes the old log-probs from the policy's own forward, as on-policy kljax does), loss_type "grpo"
+(sequence mean of token means, as kljax's seq-mean-token-mean), group-std reward scaling, k3 KL
+in the loss (beta), PPO clip, constant learning rate, AdamW with global-norm clipping 1.0,
+float32, unshuffled data, no logging or saving. The reward function calls kljax's `score_batch`
+on the decoded completions. Timing splits: the `_generate` call (sampling), the reward function,
+and the rest of the step (reference log-probs, forward, backward and optimizer step).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ def peer_side(settings: dict[str, Any]) -> dict[str, Any]:
     same_tokens = all(tokenizer(t)["input_ids"] == tokenizer.encode(t, add_special_tokens=False) for t in prompts)
     dataset = Dataset.from_list([{"prompt": t, "index": i} for i, t in enumerate(prompts)])
     b, g, n_iter = settings["prompts"], settings["group"], settings["iterations"]
+    m = settings["micro_batches"]
     tokens: list[dict[str, float]] = []
     times: dict[str, list[float]] = {"sample": [], "reward": [], "total": [], "cpu": [], "rss_first": []}
 
@@ -72,7 +73,7 @@ def peer_side(settings: dict[str, Any]) -> dict[str, Any]:
         output_dir=str(Path(settings["workdir"]) / "trl"), seed=settings["seed"], use_cpu=not cuda, bf16=False,
         fp16=False, gradient_checkpointing=settings["gradient_checkpointing"],
         model_init_kwargs={"dtype": torch.float32},
-        per_device_train_batch_size=b * g, gradient_accumulation_steps=1, steps_per_generation=1,
+        per_device_train_batch_size=b * g // m, gradient_accumulation_steps=m, steps_per_generation=m,
         num_iterations=1, num_generations=g, max_completion_length=settings["new_tokens"],
         temperature=settings["temperature"], top_p=1.0, top_k=0, beta=BETA, loss_type="grpo",
         scale_rewards="group", epsilon=CLIP, learning_rate=LEARNING_RATE, lr_scheduler_type="constant",
