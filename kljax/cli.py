@@ -55,9 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run `kljax ARGV` (None: the command line, which first re-executes the process once with
     glibc's huge-page malloc tunable when that applies, see `kljax.hostmem`)."""
     if argv is None:
-        from kljax.hostmem import reexec_with_hugepages
+        from kljax.hostmem import reexec_with_malloc_tunables
 
-        reexec_with_hugepages(sys.argv[1:])
+        reexec_with_malloc_tunables(sys.argv[1:])
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if args.command is None:

@@ -1,4 +1,5 @@
-"""Host-memory tuning for XLA on CPU: glibc's malloc asked for transparent huge pages.
+"""Host-memory tuning for XLA on CPU: glibc's malloc asked for transparent huge pages (and, opt-in,
+to keep freed memory).
 
 Why: XLA CPU takes each execution's temporary buffer (GiBs for a train step) and its large outputs
 from malloc. glibc serves a block above its mmap threshold (at most 32 MiB) with a fresh `mmap`
@@ -11,7 +12,7 @@ transparent huge pages for what it maps, and the same memory faults in 2 MiB at 
 48 to 39 s.
 
 glibc reads GLIBC_TUNABLES once, when the process starts, so the `kljax` command re-executes itself
-once with it added (`reexec_with_hugepages`), before anything else runs. Both sides of every
+once with it added (`reexec_with_malloc_tunables`), before anything else runs. Both sides of every
 `kljax bench` run in that environment (the peer in the same process, or in a child that inherits
 it). Set KLJAX_HUGEPAGES=0 to turn this off; an explicit glibc.malloc.hugetlb setting is kept.
 
@@ -91,11 +92,11 @@ def tuned_environment(
     return env
 
 
-def reexec_with_hugepages(
+def reexec_with_malloc_tunables(
     args: Sequence[str], execve: Callable[[str, list[str], dict[str, str]], object] = os.execve
 ) -> None:
-    """Replace this process by `python -m kljax ARGS` with glibc's huge-page tunable set, if
-    `tuned_environment` says so; otherwise return and let the caller go on."""
+    """Replace this process by `python -m kljax ARGS` with the malloc tunables `tuned_environment`
+    adds, if any; otherwise return and let the caller go on."""
     env = tuned_environment(os.environ, _glibc_version(), _thp_mode(), sys.platform)
     if env is None:
         return

@@ -59,12 +59,12 @@ def test_reexec_runs_python_m_kljax_with_the_same_arguments(monkeypatch):
     monkeypatch.setattr(sys, "platform", "linux")
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     monkeypatch.delenv("KLJAX_HUGEPAGES", raising=False)
-    hostmem.reexec_with_hugepages(["train", "--workdir", "w"], execve=lambda *a: calls.append(a))
+    hostmem.reexec_with_malloc_tunables(["train", "--workdir", "w"], execve=lambda *a: calls.append(a))
     (path, argv, env), = calls
     assert path == sys.executable and argv == [sys.executable, "-m", "kljax", "train", "--workdir", "w"]
     assert env["GLIBC_TUNABLES"] == f"{TUNABLE}=1"
     monkeypatch.setenv("GLIBC_TUNABLES", env["GLIBC_TUNABLES"])  # the re-executed process does not loop
-    hostmem.reexec_with_hugepages(["train"], execve=lambda *a: calls.append(a))
+    hostmem.reexec_with_malloc_tunables(["train"], execve=lambda *a: calls.append(a))
     assert len(calls) == 1
 
 
