@@ -23,6 +23,9 @@ def base() -> ml_collections.ConfigDict:
             dtype="float32",
             param_dtype="float32",
             scan_layers=True,
+            # "none", "full", "dots_saveable", "dots_no_batch_saveable". "full" recomputes each layer
+            # in the backward pass; with rl.micro_batches > 1 it also adds the layers' gradients into
+            # the accumulator in place (one gradient tree instead of two): the low-memory setting.
             remat="none",
             # Used only by source="tiny":
             tiny=dict(vocab_size=19, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,

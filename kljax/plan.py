@@ -286,7 +286,7 @@ def make_plan(config: ml_collections.ConfigDict, mesh_shape: tuple[int, int, int
     if "train" in programs:
         step_settings = StepSettings(model, settings.kl, rl.loss_aggregation, rl.clip_low, rl.clip_high,
                                      rl.micro_batches)
-        step = jax.jit(functools.partial(train_step, settings=step_settings, tx=tx),
+        step = jax.jit(functools.partial(train_step, settings=step_settings, tx=settings.optim),
                        in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, None), donate_argnums=0)
         with jax.set_mesh(mesh):  # the context mesh turns on the model's activation sharding constraints
             lowered = step.lower(state, batch)

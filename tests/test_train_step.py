@@ -3,6 +3,7 @@ gradient is REINFORCE-with-baseline plus the configured KL gradient of the core 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -55,8 +56,8 @@ def make_batch(params, kl: KLConfig, seed: int = 0, beta: float = 0.1) -> Batch:
                  scored["logp"], scored["ref_logp"], a, jnp.float32(beta)), task
 
 
-def run_step(mesh, kl, tx, aggregation="seq-mean-token-mean", micro=1, seed=0):
-    settings = StepSettings(MODEL, kl, loss_aggregation=aggregation, clip_low=None, micro_batches=micro)
+def run_step(mesh, kl, tx, aggregation="seq-mean-token-mean", micro=1, seed=0, model=MODEL):
+    settings = StepSettings(model, kl, loss_aggregation=aggregation, clip_low=None, micro_batches=micro)
     p_sh = st.param_shardings(MODEL, mesh)
     state, s_sh = st.create_state(lambda: tfm.init_params(MODEL, jax.random.PRNGKey(seed), std=0.3), tx, p_sh, mesh, 0)
     batch, _ = make_batch(jax.device_get(state.params), kl)
@@ -90,6 +91,22 @@ def test_micro_batches_equal_one_batch(aggregation):
     _, a, _ = run_step(mesh, kl, tx, aggregation, micro=1)
     _, b, _ = run_step(mesh, kl, tx, aggregation, micro=4)
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=5e-6, rtol=1e-4), a, b)
+
+
+@pytest.mark.parametrize("kl", [KLConfig("k3", "loss"), KLConfig("full", "both")], ids=lambda c: c.estimator)
+def test_full_remat_micro_batches_accumulate_in_place_equal_one_batch(kl):
+    """remat='full' with micro-batches takes the layers' gradient from the in-place accumulating
+    backward (`layer_stack.accumulate_layers`); the update equals one batch without remat, on one
+    device and sharded over 8."""
+    tx = optax.sgd(1.0)
+    full = dataclasses.replace(MODEL, remat="full")
+    one = shd.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    old, a, _ = run_step(one, kl, tx, micro=1)
+    for mesh in (one, shd.make_mesh(data=2, fsdp=2, tensor=2)):
+        _, b, _ = run_step(mesh, kl, tx, micro=4, model=full)
+        jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=5e-6, rtol=1e-4), a, b)
+    moved = jax.tree.map(lambda o, n: float(np.max(np.abs(o - n))), old["layers"], a["layers"])
+    assert min(jax.tree.leaves(moved)) > 1e-4  # a real gradient reached every layer weight
 
 
 @pytest.mark.parametrize(

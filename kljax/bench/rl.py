@@ -15,7 +15,8 @@ num_generations=G and one generation batch per optimizer step (per_device_train_
 gradient_accumulation_steps = steps_per_generation = num_iterations = 1), loss_type="grpo", the same
 learning rate, PPO clip, gradient clipping and AdamW settings, float32, no vLLM, and activation
 recomputation on both sides or neither (`--gradient-checkpointing`; kljax's default config has none,
-TRL's GRPOConfig turns it on by default), and the update's B * G completions split into the same
+TRL's GRPOConfig turns it on by default; with micro-batches kljax's remat='full' also adds each
+micro-batch's layer gradients into the accumulator in place), and the update's B * G completions split into the same
 number of micro-batches on both sides (`--micro-batches M`, exact gradient accumulation: kljax
 `rl.micro_batches` = M, which also splits its reference scoring; TRL per_device_train_batch_size
 = B * G / M with gradient_accumulation_steps = steps_per_generation = M, still one generation and
@@ -91,7 +92,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "accumulating gradients; M must divide prompts * group (default 1: the whole batch at once)")
     parser.add_argument("--gradient-checkpointing", action="store_true",
                         help="recompute activations in the backward pass on both sides (kljax model.remat='full', "
-                        "TRL gradient_checkpointing=True, TRL's GRPOConfig default); off: neither does")
+                        "TRL gradient_checkpointing=True, TRL's GRPOConfig default; with --micro-batches kljax then "
+                        "accumulates layer gradients in place); off: neither does")
     common.add_run_flags(parser)
 
 

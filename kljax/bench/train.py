@@ -123,7 +123,7 @@ class KljaxRLStep:
         self.state, state_sh = st.state_from_params(params, tx, param_sh, mesh, seed)
         self.settings = StepSettings(config, KLConfig(estimator=ESTIMATOR, placement="loss", beta=BETA), clip_low=CLIP)
         self.mesh = mesh
-        self._fn = jax.jit(functools.partial(train_step, settings=self.settings, tx=tx),
+        self._fn = jax.jit(functools.partial(train_step, settings=self.settings, tx=optim),
                            out_shardings=(state_sh, None), donate_argnums=0)
         self._compiled: Any = None
         batch = Batch(**{k: jnp.asarray(v) for k, v in arrays.items()}, beta=jnp.asarray(BETA, jnp.float32))

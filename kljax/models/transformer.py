@@ -345,11 +345,14 @@ def forward_hidden(
     config: ModelConfig,
     cache: KVCache | None = None,
     cache_index: jax.Array | int | None = None,
+    layers_grad_acc: Params | None = None,
 ) -> tuple[jax.Array, KVCache | None]:
     """Final-norm hidden states [B, T, D] in `config.dtype`, and the updated cache (or None).
 
     `mask_bt` None means no padding; `positions_bt` None means `positions_from_mask(mask_bt)` (only
-    without a cache). Token ids must lie in [0, V).
+    without a cache). Token ids must lie in [0, V). With `layers_grad_acc` (a tree like
+    params["layers"]; no cache) the layers run as `layer_stack.accumulate_layers`: the gradient of
+    params["layers"] comes out as layers_grad_acc + the true gradient, summed in place.
     """
     b, t = tokens_bt.shape
     if cache is not None and positions_bt is None:
@@ -379,7 +382,13 @@ def forward_hidden(
 
     body = _remat(body, config)
     layers = params["layers"]
-    if config.scan_layers:
+    if layers_grad_acc is not None:
+        if cache is not None:
+            raise ValueError("forward_hidden: layers_grad_acc is for training, not with a cache")
+        from kljax.models.layer_stack import accumulate_layers
+
+        x = accumulate_layers(layers, layers_grad_acc, x, rope, allowed, config)
+    elif config.scan_layers:
         (x, cache_kv), _ = jax.lax.scan(body, (x, cache_kv), (layers, jnp.arange(config.num_layers)))
     else:
         for i in range(config.num_layers):

@@ -79,6 +79,10 @@ def learning_rate_schedule(c: OptimConfig) -> optax.Schedule:
 
 
 def make_optimizer(c: OptimConfig) -> optax.GradientTransformation:
+    """optax.chain(clip_by_global_norm(c.max_grad_norm), adamw(...)); no clip when max_grad_norm is None.
+
+    `kljax.train.optimizer_step.update_in_place` applies the same update in place (the train step
+    uses it when given the OptimConfig instead of this transformation)."""
     parts = []
     if c.max_grad_norm is not None:
         parts.append(optax.clip_by_global_norm(c.max_grad_norm))

@@ -28,7 +28,8 @@ from kljax.kl import KLConfig, kl_metrics, kl_terms
 from kljax.models import transformer as tfm
 from kljax.models.config import ModelConfig
 from kljax.sharding import constrain_batch
-from kljax.train.state import TrainState
+from kljax.train.optimizer_step import update_in_place
+from kljax.train.state import OptimConfig, TrainState
 
 Array = jax.Array
 
@@ -76,10 +77,13 @@ class StepSettings:
 
 
 def response_hidden(
-    params: Any, tokens_bs: Array, mask_bs: Array, positions_bs: Array, response_len: int, model: ModelConfig
+    params: Any, tokens_bs: Array, mask_bs: Array, positions_bs: Array, response_len: int, model: ModelConfig,
+    layers_grad_acc: Any = None,
 ) -> Array:
-    """Hidden states that predict the response tokens: positions P - 1 .. S - 2, [B, R, D]."""
-    hidden_bsd, _ = tfm.forward_hidden(params, tokens_bs, mask_bs, positions_bs, model)
+    """Hidden states that predict the response tokens: positions P - 1 .. S - 2, [B, R, D].
+    `layers_grad_acc`: see `transformer.forward_hidden`."""
+    hidden_bsd, _ = tfm.forward_hidden(params, tokens_bs, mask_bs, positions_bs, model,
+                                       layers_grad_acc=layers_grad_acc)
     s = tokens_bs.shape[1]
     return hidden_bsd[:, s - response_len - 1 : s - 1]
 
@@ -173,10 +177,10 @@ def _constrain(batch: Batch) -> Batch:
 
 
 def _loss_fn(params: Any, mb: Batch, pg_denominator: Array, n_sequences: Array, s: StepSettings,
-             ref_params: Any = None):
+             ref_params: Any = None, layers_grad_acc: Any = None):
     mb = _constrain(mb)
     r = mb.response_mask_br.shape[1]
-    hidden = response_hidden(params, mb.tokens_bs, mb.mask_bs, mb.positions_bs, r, s.model)
+    hidden = response_hidden(params, mb.tokens_bs, mb.mask_bs, mb.positions_bs, r, s.model, layers_grad_acc)
     logp = tfm.logprobs_from_hidden(params, hidden, mb.tokens_bs[:, -r:], s.model, chunk_size=s.logprob_chunk)
     full = None
     if s.kl.estimator == "full" and s.kl.placement != "none":
@@ -226,9 +230,13 @@ def _unsplit(x_nb: Array) -> Array:
 
 def train_step(
     state: TrainState, batch: Batch, ref_params: Any = None, *, settings: StepSettings,
-    tx: optax.GradientTransformation,
+    tx: optax.GradientTransformation | OptimConfig,
 ) -> tuple[TrainState, dict[str, Array]]:
     """One optimizer update on `batch`, gradients accumulated over `settings.micro_batches`.
+
+    tx: an optax transformation, applied to the whole tree; or an OptimConfig, whose
+    `make_optimizer` update (the state must be that optimizer's) is applied layer by layer in place
+    (`optimizer_step.update_in_place`: the same numbers, without three parameter-sized temporaries).
 
     `ref_params` (the frozen reference) is needed only by kl.estimator='full' in the loss, whose
     per-position KL takes both models' logits inside the differentiated function.
@@ -247,10 +255,20 @@ def train_step(
     n_seq = jnp.asarray(b, jnp.float32)
     grad_fn = jax.value_and_grad(_loss_fn, has_aux=True)
 
+    # With remat='full' and micro-batches, the layers' backward adds into the accumulator in place
+    # (`layer_stack.accumulate_layers`, which recomputes each layer as remat='full' does): one
+    # gradient tree for the stacked layers instead of the accumulator plus each micro-batch's.
+    accumulate_in_backward = m > 1 and settings.model.remat == "full" and "layers" in state.params
+
     def accumulate(carry, mb):
         grads, loss, aux = carry
-        (l_mb, aux_mb), g_mb = grad_fn(state.params, mb, pg_den, n_seq, settings, ref_params)
-        grads = jax.tree.map(jnp.add, grads, g_mb)
+        if accumulate_in_backward:
+            (l_mb, aux_mb), g_mb = grad_fn(state.params, mb, pg_den, n_seq, settings, ref_params, grads["layers"])
+            rest = lambda t: {k: v for k, v in t.items() if k != "layers"}
+            grads = {**jax.tree.map(jnp.add, rest(grads), rest(g_mb)), "layers": g_mb["layers"]}
+        else:
+            (l_mb, aux_mb), g_mb = grad_fn(state.params, mb, pg_den, n_seq, settings, ref_params)
+            grads = jax.tree.map(jnp.add, grads, g_mb)
         aux = {
             k: (jnp.maximum if k == "ratio_max" else jnp.minimum if k == "ratio_min" else jnp.add)(aux[k], v)
             for k, v in aux_mb.items()
@@ -268,15 +286,14 @@ def train_step(
 
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    updates, new_opt = tx.update(grads, state.opt_state, state.params)
-    new_params = optax.apply_updates(state.params, updates)
-    keep = lambda new, old: jax.tree.map(lambda a, o: jnp.where(finite, a, o), new, old)
-    new_state = TrainState(
-        params=keep(new_params, state.params),
-        opt_state=keep(new_opt, state.opt_state),
-        step=state.step + 1,
-        rng=state.rng,
-    )
+    if isinstance(tx, OptimConfig):
+        new_params, new_opt = update_in_place(tx, grads, state.opt_state, state.params, grad_norm, finite)
+    else:
+        updates, new_opt = tx.update(grads, state.opt_state, state.params)
+        keep = lambda new, old: jax.tree.map(lambda a, o: jnp.where(finite, a, o), new, old)
+        new_params = keep(optax.apply_updates(state.params, updates), state.params)
+        new_opt = keep(new_opt, state.opt_state)
+    new_state = TrainState(params=new_params, opt_state=new_opt, step=state.step + 1, rng=state.rng)
     n_tokens = jnp.maximum(jnp.sum(mask), 1.0)
     metrics = {
         "loss": loss,

@@ -132,7 +132,7 @@ def build(settings: RunSettings) -> tuple[Run, st.TrainState, Any]:
     step_settings = StepSettings(
         policy.model, settings.kl, rl.loss_aggregation, rl.clip_low, rl.clip_high, rl.micro_batches
     )
-    step_fn = under_mesh(jax.jit(functools.partial(train_step, settings=step_settings, tx=tx),
+    step_fn = under_mesh(jax.jit(functools.partial(train_step, settings=step_settings, tx=settings.optim),
                                  out_shardings=(state_sh, None), donate_argnums=0), mesh)
     full = settings.kl.estimator == "full"
     score_fn = under_mesh(jax.jit(functools.partial(score, model=policy.model, micro_batches=rl.micro_batches,

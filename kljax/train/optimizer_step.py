@@ -1,0 +1,117 @@
+"""The update of `state.make_optimizer(c)`, written so that XLA runs it in place.
+
+`make_optimizer(c)` is optax.chain(clip_by_global_norm(c.max_grad_norm), adamw(...)). Applied by
+`tx.update` and `optax.apply_updates`, XLA CPU computes each leaf's new parameter, first moment and
+second moment in three separate loops, each from the old moments. The new moments are written
+over their donated inputs while the parameter's loop still reads the old ones, so XLA first copies
+the old moments and keeps the clipped gradient as a temporary: three parameter-sized buffers
+(1.6 GiB for SmolLM2-135M in float32) at the end of every step.
+
+`update_in_place` computes the same numbers in two passes over the stacked [L, ...] layer
+parameters, one layer per `lax.fori_loop` iteration: the first writes the new moments over the old,
+the second reads them and writes the new parameters. A parameter then never needs an old moment
+that was overwritten, and a loop boundary keeps XLA from re-deriving the moments inside the
+parameter's loop. The leaves without a layer axis (embedding, final norm, untied LM head) are
+updated whole. The layer axis is never sharded (`sharding.LOGICAL_RULES`), so slicing it needs no
+communication.
+
+Per element, with count the optimizer's step count before this update and t = count + 1
+(optax's adamw with eps_root = 0, its state layout kept):
+    g   <- g                          if ||G||_2 < max_norm,   else g / ||G||_2 * max_norm
+    mu' = (1 - b1) g + b1 mu
+    nu' = (1 - b2) g^2 + b2 nu
+    p'  = p + (-lr(count)) * ((mu' / (1 - b1^t)) / (sqrt(nu' / (1 - b2^t)) + eps) + wd p)
+and nothing changes, the counts included, where `apply` is False (a non-finite step).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from kljax.train.state import OptimConfig, learning_rate_schedule
+
+Params = Any
+LAYERS = "layers"
+
+
+def _split_layers(tree: Params) -> tuple[Params, Params | None]:
+    """(everything but tree['layers'], tree['layers'] or None)."""
+    if isinstance(tree, dict) and LAYERS in tree:
+        return {k: v for k, v in tree.items() if k != LAYERS}, tree[LAYERS]
+    return tree, None
+
+
+def _join_layers(rest: Params, layers: Params | None) -> Params:
+    return rest if layers is None else {**rest, LAYERS: layers}
+
+
+def _per_layer(fn: Any, carry: Params, *inputs: Params) -> Params:
+    """carry with fn applied one layer at a time: carry[i] <- fn(carry[i], inputs[i]...) for each
+    layer i, in a fori_loop that writes each layer back in place (all leaves have [L, ...])."""
+    at = lambda tree, i: jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False), tree)
+
+    def body(i: jax.Array, c: Params) -> Params:
+        new = fn(at(c, i), *(at(x, i) for x in inputs))
+        return jax.tree.map(lambda x, y: jax.lax.dynamic_update_index_in_dim(x, y, i, 0), c, new)
+
+    return jax.lax.fori_loop(0, jax.tree.leaves(carry)[0].shape[0], body, carry)
+
+
+def update_in_place(
+    c: OptimConfig, grads: Params, opt_state: Any, params: Params, grad_norm: jax.Array, apply: jax.Array,
+) -> tuple[Params, Any]:
+    """(new params, new optimizer state) of `make_optimizer(c)` for `grads` (module docstring).
+
+    opt_state: the state `make_optimizer(c).init` made; grad_norm: ||grads||_2 (the clip's norm);
+    apply: bool scalar, False to return params and state unchanged. Equal to `tx.update` and
+    `optax.apply_updates` on the whole tree up to float rounding (tests/test_optimizer_step.py).
+    """
+    *clip_state, adam_state = opt_state
+    if len(adam_state) != 3 or not isinstance(adam_state[0], optax.ScaleByAdamState):
+        raise TypeError("opt_state is not the state of state.make_optimizer (chain(clip, adamw))")
+    scale, decay_state, lr_state = adam_state
+    count = scale.count
+    t = optax.safe_increment(count)
+    bc1, bc2 = 1 - c.b1 ** t, 1 - c.b2 ** t
+    step_size = -learning_rate_schedule(c)(lr_state.count)
+    norm = grad_norm.astype(jnp.float32)
+    clip = (lambda g: g) if c.max_grad_norm is None else (
+        lambda g: jax.lax.select(norm < c.max_grad_norm, g, (g / norm.astype(g.dtype)) * c.max_grad_norm))
+
+    def moments(mn: tuple[Params, Params], g: Params) -> tuple[Params, Params]:
+        def one(mu, nu, g):
+            g = clip(g)
+            new_mu, new_nu = (1 - c.b1) * g + c.b1 * mu, (1 - c.b2) * g ** 2 + c.b2 * nu
+            return jnp.where(apply, new_mu, mu), jnp.where(apply, new_nu.astype(nu.dtype), nu)
+
+        out = jax.tree.map(one, *mn, g)
+        return jax.tree.transpose(jax.tree.structure(g), jax.tree.structure((0, 0)), out)
+
+    def parameters(p: Params, mu: Params, nu: Params) -> Params:
+        def one(p, mu, nu):
+            u = (mu / bc1.astype(mu.dtype)) / (jnp.sqrt(nu / bc2.astype(nu.dtype)) + c.eps)
+            if c.weight_decay:
+                u = u + c.weight_decay * p
+            new = jnp.asarray(p + jnp.asarray(step_size, u.dtype) * u).astype(p.dtype)
+            return jnp.where(apply, new, p)
+
+        return jax.tree.map(one, p, mu, nu)
+
+    g_o, g_l = _split_layers(grads)
+    p_o, p_l = _split_layers(params)
+    mu_o, mu_l = _split_layers(scale.mu)
+    nu_o, nu_l = _split_layers(scale.nu)
+    mu_o, nu_o = moments((mu_o, nu_o), g_o)
+    p_o = parameters(p_o, mu_o, nu_o)
+    if p_l is not None:
+        mu_l, nu_l = _per_layer(moments, (mu_l, nu_l), g_l)
+        p_l = _per_layer(parameters, p_l, mu_l, nu_l)
+    keep = lambda new, old: jnp.where(apply, new, old)
+    new_scale = optax.ScaleByAdamState(count=keep(t, count), mu=_join_layers(mu_o, mu_l),
+                                       nu=_join_layers(nu_o, nu_l))
+    new_lr_state = lr_state._replace(count=keep(optax.safe_increment(lr_state.count), lr_state.count))
+    return _join_layers(p_o, p_l), (*clip_state, (new_scale, decay_state, new_lr_state))
