@@ -3,9 +3,10 @@ gradients into an accumulator in place.
 
 Accumulating micro-batch gradients as `acc + grad(loss_k)` holds two gradient trees at once: the
 accumulator, and the micro-batch's gradient, which the backward of `lax.scan` over the layers
-writes into fresh stacked [L, ...] buffers before the sum (540 MB of the 1.2 GB of XLA temporaries
-of a SmolLM2-135M float32 update in 8 micro-batches). PyTorch adds into `.grad` in place; this is
-the same for the stacked layers.
+writes into fresh stacked [L, ...] buffers before the sum. PyTorch adds into `.grad` in place;
+this is the same for the stacked layers. Measured by XLA's memory analysis of a SmolLM2-135M
+float32 update (32 x 125 tokens, remat='full', 8 micro-batches) with the in-place optimizer
+update: temporaries 1.13 -> 0.74 GiB.
 
     accumulate_layers(layers, acc, x, rope, allowed, config) = the layer scan of
         `transformer.forward_hidden` (no cache) applied to x                 (forward)

@@ -5,7 +5,10 @@
 second moment in three separate loops, each from the old moments. The new moments are written
 over their donated inputs while the parameter's loop still reads the old ones, so XLA first copies
 the old moments and keeps the clipped gradient as a temporary: three parameter-sized buffers
-(1.6 GiB for SmolLM2-135M in float32) at the end of every step.
+(1.6 GiB for SmolLM2-135M in float32) at the end of every step. Measured by XLA's memory analysis
+of the SmolLM2 update at 32 x 125 tokens: temporaries 8.73 -> 8.50 GiB for the whole batch,
+1.35 -> 1.13 GiB with remat='full' in 8 micro-batches (0.74 GiB together with
+`layer_stack.accumulate_layers`).
 
 `update_in_place` computes the same numbers in two passes over the stacked [L, ...] layer
 parameters, one layer per `lax.fori_loop` iteration: the first writes the new moments over the old,
@@ -38,14 +41,15 @@ Params = Any
 LAYERS = "layers"
 
 
-def _split_layers(tree: Params) -> tuple[Params, Params | None]:
-    """(everything but tree['layers'], tree['layers'] or None)."""
+def split_layers(tree: Params) -> tuple[Params, Params | None]:
+    """(everything but tree['layers'], tree['layers'] or None): the stacked [L, ...] layer leaves apart."""
     if isinstance(tree, dict) and LAYERS in tree:
         return {k: v for k, v in tree.items() if k != LAYERS}, tree[LAYERS]
     return tree, None
 
 
-def _join_layers(rest: Params, layers: Params | None) -> Params:
+def join_layers(rest: Params, layers: Params | None) -> Params:
+    """The inverse of `split_layers`."""
     return rest if layers is None else {**rest, LAYERS: layers}
 
 
@@ -101,17 +105,17 @@ def update_in_place(
 
         return jax.tree.map(one, p, mu, nu)
 
-    g_o, g_l = _split_layers(grads)
-    p_o, p_l = _split_layers(params)
-    mu_o, mu_l = _split_layers(scale.mu)
-    nu_o, nu_l = _split_layers(scale.nu)
+    g_o, g_l = split_layers(grads)
+    p_o, p_l = split_layers(params)
+    mu_o, mu_l = split_layers(scale.mu)
+    nu_o, nu_l = split_layers(scale.nu)
     mu_o, nu_o = moments((mu_o, nu_o), g_o)
     p_o = parameters(p_o, mu_o, nu_o)
     if p_l is not None:
         mu_l, nu_l = _per_layer(moments, (mu_l, nu_l), g_l)
         p_l = _per_layer(parameters, p_l, mu_l, nu_l)
     keep = lambda new, old: jnp.where(apply, new, old)
-    new_scale = optax.ScaleByAdamState(count=keep(t, count), mu=_join_layers(mu_o, mu_l),
-                                       nu=_join_layers(nu_o, nu_l))
+    new_scale = optax.ScaleByAdamState(count=keep(t, count), mu=join_layers(mu_o, mu_l),
+                                       nu=join_layers(nu_o, nu_l))
     new_lr_state = lr_state._replace(count=keep(optax.safe_increment(lr_state.count), lr_state.count))
-    return _join_layers(p_o, p_l), (*clip_state, (new_scale, decay_state, new_lr_state))
+    return join_layers(p_o, p_l), (*clip_state, (new_scale, decay_state, new_lr_state))

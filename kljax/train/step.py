@@ -28,7 +28,7 @@ from kljax.kl import KLConfig, kl_metrics, kl_terms
 from kljax.models import transformer as tfm
 from kljax.models.config import ModelConfig
 from kljax.sharding import constrain_batch
-from kljax.train.optimizer_step import update_in_place
+from kljax.train.optimizer_step import LAYERS, join_layers, split_layers, update_in_place
 from kljax.train.state import OptimConfig, TrainState
 
 Array = jax.Array
@@ -258,14 +258,15 @@ def train_step(
     # With remat='full' and micro-batches, the layers' backward adds into the accumulator in place
     # (`layer_stack.accumulate_layers`, which recomputes each layer as remat='full' does): one
     # gradient tree for the stacked layers instead of the accumulator plus each micro-batch's.
-    accumulate_in_backward = m > 1 and settings.model.remat == "full" and "layers" in state.params
+    accumulate_in_backward = m > 1 and settings.model.remat == "full" and LAYERS in state.params
 
     def accumulate(carry, mb):
         grads, loss, aux = carry
         if accumulate_in_backward:
-            (l_mb, aux_mb), g_mb = grad_fn(state.params, mb, pg_den, n_seq, settings, ref_params, grads["layers"])
-            rest = lambda t: {k: v for k, v in t.items() if k != "layers"}
-            grads = {**jax.tree.map(jnp.add, rest(grads), rest(g_mb)), "layers": g_mb["layers"]}
+            rest, acc_layers = split_layers(grads)
+            (l_mb, aux_mb), g_mb = grad_fn(state.params, mb, pg_den, n_seq, settings, ref_params, acc_layers)
+            rest_mb, layers_mb = split_layers(g_mb)  # layers_mb already holds acc_layers + its gradient
+            grads = join_layers(jax.tree.map(jnp.add, rest, rest_mb), layers_mb)
         else:
             (l_mb, aux_mb), g_mb = grad_fn(state.params, mb, pg_den, n_seq, settings, ref_params)
             grads = jax.tree.map(jnp.add, grads, g_mb)
