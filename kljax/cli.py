@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run `kljax ARGV` (None: the command line, which first re-executes the process once with
     glibc's huge-page malloc tunable when that applies, see `kljax.hostmem`)."""
+    from kljax.cpu_threads import ensure_collective_threads
+
+    ensure_collective_threads()  # simulated CPU devices: see kljax.cpu_threads
     if argv is None:
         from kljax.hostmem import reexec_with_malloc_tunables
 

@@ -311,8 +311,10 @@ def train_step(
     return new_state, metrics
 
 
+@jax.jit
 def batch_kl_metrics(scored: dict[str, Array], mask_br: Array) -> dict[str, Array]:
-    """k1/k2/k3 means, sequence KL, entropy and response length of a scored batch."""
+    """k1/k2/k3 means, sequence KL, entropy and response length of a scored batch. One compiled
+    program, not a dozen eager sharded ops (see `kljax.cpu_threads` for what many of those can do)."""
     out = kl_metrics(scored["logp"], scored["ref_logp"], mask_br)
     n_tokens = jnp.maximum(jnp.sum(mask_br), 1.0)
     out["entropy"] = jnp.sum(scored["entropy"] * mask_br) / n_tokens
