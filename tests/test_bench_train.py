@@ -47,10 +47,11 @@ def test_bench_train_random_model_without_peer_uses_given_peak(tmp_path):
     spec = ("random:qwen2.5-0.5b:num_hidden_layers=1,hidden_size=32,intermediate_size=64,num_attention_heads=4,"
             "num_key_value_heads=2,vocab_size=128")
     assert main(["bench", "train", "--model", spec, "--batch", "2", "--seq-len", "8", "--response-len", "4",
-                 "--repeats", "2", "--warmup", "0", "--no-peer", "--peak-gflops", "1e4",
+                 "--repeats", "2", "--warmup", "0", "--no-peer", "--peak-gflops", "1e4", "--no-scan",
                  "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert "peer" not in result and result["loss_check"] is None
+    assert result["settings"]["scan_layers"] is False
     assert result["peak_gflops"] == 1e4 and result["peak"]["source"] == "--peak-gflops"
     assert result["mfu"] == pytest.approx(result["details"]["kljax_gflops"] / 1e4)
 

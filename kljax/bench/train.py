@@ -55,6 +55,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                         help="compute dtype (weights and optimizer stay float32 on both sides)")
     parser.add_argument("--remat", default="none", help="kljax model.remat policy (none, full, dots_saveable, ...)")
+    parser.add_argument("--no-scan", action="store_true",
+                        help="unroll kljax's layers (model.scan_layers=False) instead of a lax.scan over them")
     parser.add_argument("--peak-gflops", type=float, default=None,
                         help="peak GFLOP/s for MFU (default: measure a jitted matmul now)")
     parser.add_argument("--peer-threads", "--threads", dest="peer_threads", type=int, default=None,
@@ -161,7 +163,8 @@ def run(args: argparse.Namespace) -> int:
     compiles = common.CompileTimer()
     mesh = shd.make_mesh(1, 1, 1, devices=jax.devices()[:1])
     model = common.load_model(args.model, export_for_peer=not args.no_peer, mesh=mesh, seed=args.seed,
-                              param_dtype="float32", dtype=args.dtype, remat=args.remat)
+                              param_dtype="float32", dtype=args.dtype, remat=args.remat,
+                              scan_layers=not args.no_scan)
     config = model.config
     b, s, r = args.batch, args.seq_len, args.response_len
     arrays = make_batch(model.params, config, b, s, r, args.seed, mesh)
@@ -224,6 +227,7 @@ def run(args: argparse.Namespace) -> int:
         peak=peak, memory=memory,
         settings={"model": model.name, "batch": b, "seq_len": s, "response_len": r, "repeats": args.repeats,
                   "warmup": args.warmup, "dtype": args.dtype, "param_dtype": "float32", "remat": args.remat,
+                  "scan_layers": not args.no_scan,
                   "kl": {"estimator": ESTIMATOR, "placement": "loss", "beta": BETA}, "clip_low": CLIP,
                   "loss_aggregation": settings.loss_aggregation,
                   "optimizer": {"name": "adamw", **dataclasses.asdict(optim)},

@@ -45,6 +45,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental.layout import Layout, with_layout_constraint
 from jax.sharding import PartitionSpec
 
 from kljax.models.config import ModelConfig
@@ -222,6 +223,18 @@ def _einsum(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
     return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
+def _row_major(a: jax.Array) -> jax.Array:
+    """`a` laid out row-major in memory (16-bit arrays on CPU; otherwise unchanged).
+
+    A transpose feeding a dot is otherwise left as a layout change, and XLA CPU runs a 16-bit dot
+    with a column-major operand as a float32 dot (both operands converted, no bfloat16 kernel):
+    measured for the backward's dy @ w^T and x^T @ dy at 1024 x 576 x 1536, 224 / 242 GFLOP/s
+    against 833 / 1271 with the operand made row-major first. Float32 is left to XLA."""
+    if jax.default_backend() != "cpu" or a.dtype.itemsize != 2:
+        return a
+    return with_layout_constraint(a, Layout(major_to_minor=tuple(range(a.ndim))))
+
+
 @jax.custom_vjp
 def _matmul(x_ni: jax.Array, w_io: jax.Array) -> jax.Array:
     """x [N, I] @ w [I, O] accumulated in float32, in x.dtype (see `_einsum`), with a hand-written
@@ -242,8 +255,8 @@ def _matmul_fwd(x_ni: jax.Array, w_io: jax.Array) -> tuple[jax.Array, tuple[jax.
 def _matmul_bwd(res: tuple[jax.Array, jax.Array], dy_no: jax.Array) -> tuple[jax.Array, jax.Array]:
     x_ni, w_io = res
     x_ni, dy_no = jax.lax.optimization_barrier((x_ni, dy_no))
-    dx = jnp.dot(dy_no, w_io.T, preferred_element_type=jnp.float32).astype(x_ni.dtype)
-    dw = jnp.dot(x_ni.T, dy_no, preferred_element_type=jnp.float32).astype(w_io.dtype)
+    dx = jnp.dot(dy_no, _row_major(w_io.T), preferred_element_type=jnp.float32).astype(x_ni.dtype)
+    dw = jnp.dot(_row_major(x_ni.T), dy_no, preferred_element_type=jnp.float32).astype(w_io.dtype)
     return dx, dw
 
 
