@@ -34,13 +34,18 @@ from collections.abc import MutableMapping
 
 ENV = "PJRT_NPROC"
 THREADS_PER_DEVICE = 4
-_FORCED = re.compile(r"--xla_force_host_platform_device_count=(\d+)")
+FORCE_FLAG = re.compile(r"--xla_force_host_platform_device_count=(\d+)")
 
 
 def forced_device_count(xla_flags: str) -> int:
     """The last --xla_force_host_platform_device_count in XLA_FLAGS (1 if absent)."""
-    found = _FORCED.findall(xla_flags)
+    found = FORCE_FLAG.findall(xla_flags)
     return int(found[-1]) if found else 1
+
+
+def without_forced_devices(xla_flags: str) -> str:
+    """XLA_FLAGS with every --xla_force_host_platform_device_count removed."""
+    return " ".join(FORCE_FLAG.sub("", xla_flags).split())
 
 
 def ensure_collective_threads(environ: MutableMapping[str, str] | None = None,

@@ -16,9 +16,10 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import re
 import subprocess
 import sys
+
+from kljax.cpu_threads import without_forced_devices
 
 ACCEPTS_CONFIG_OVERRIDES = True
 CHILD_ENV = "KLJAX_PLAN_CHILD"
@@ -88,7 +89,7 @@ def _child_argv(args: argparse.Namespace, devices: int) -> list[str]:
 
 def _reexec(args: argparse.Namespace, devices: int) -> int:
     env = dict(os.environ)
-    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", "")).strip()
+    flags = without_forced_devices(env.get("XLA_FLAGS", ""))
     env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
     env["JAX_PLATFORMS"] = "cpu"
     env[CHILD_ENV] = "1"

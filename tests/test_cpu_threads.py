@@ -37,3 +37,9 @@ def test_the_suite_runs_with_the_bigger_pool():
     devices = cpu_threads.forced_device_count(os.environ["XLA_FLAGS"])
     assert devices == 8
     assert int(os.environ["PJRT_NPROC"]) >= cpu_threads.THREADS_PER_DEVICE * devices
+
+
+def test_without_forced_devices_drops_only_that_flag():
+    flags = "--xla_force_host_platform_device_count=8 --xla_dump_to=/x  --xla_force_host_platform_device_count=2"
+    assert cpu_threads.without_forced_devices(flags) == "--xla_dump_to=/x"
+    assert cpu_threads.without_forced_devices("") == ""

@@ -172,14 +172,6 @@ class CompileTimer:
         return sum(self._seconds[mark:])
 
 
-def default_peak_dtype(dtype: str) -> str:
-    """The dtype whose matmul peak MFU is measured against: the run's own. (Before 2026-12-01 CPU
-    runs were measured against float32, on the premise that XLA CPU has no fast bfloat16 matmul;
-    with float32 accumulation, as the model asks for, a 2048^3 bfloat16 dot runs at 1.5 TFLOP/s
-    on a Xeon with AMX, 5x its float32 rate, so a bfloat16 update's MFU against float32 exceeded 1.)"""
-    return dtype
-
-
 def measure_matmul_peak(dtype: str = "float32", size: int | None = None, repeats: int = 5, inner: int | None = None
                         ) -> dict[str, Any]:
     """Measured matmul throughput in GFLOP/s: a jitted [size, size] @ [size, size] jnp.dot.
@@ -220,9 +212,12 @@ def peak_gflops(override: float | None, dtype: str) -> dict[str, Any]:
         if not override > 0:
             raise ValueError(f"--peak-gflops must be > 0, got {override}")
         return {"gflops": float(override), "source": "--peak-gflops"}
-    peak_dtype = default_peak_dtype(dtype)
-    measured = measure_matmul_peak(peak_dtype)
-    return {**measured, "source": f"measured: jitted {peak_dtype} jnp.dot, {measured['size']}^3"}
+    # In the run's own dtype. Before 2026-12-01 CPU runs were measured against float32, on the
+    # premise that XLA CPU has no fast bfloat16 matmul; with float32 accumulation (as the model's
+    # dots) a 2048^3 bfloat16 dot runs at ~1.5 TFLOP/s on a Xeon with AMX, 5x its float32 rate, so
+    # a bfloat16 update's MFU against the float32 peak exceeded 1.
+    measured = measure_matmul_peak(dtype)
+    return {**measured, "source": f"measured: jitted {dtype} jnp.dot, {measured['size']}^3"}
 
 
 # ------------------------------------------------------------------------------------------- models

@@ -67,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from kljax.bench import common
+from kljax.cpu_threads import without_forced_devices
 
 BETA = 0.04  # KL coefficient, k3 in the loss on both sides
 LEARNING_RATE = 1e-6
@@ -210,8 +211,7 @@ def _run_child(side: str, settings: dict[str, Any], tmp: Path) -> dict[str, Any]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false")
     # One CPU device, as a user's CPU run has (test set-ups simulate several).
-    flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
-    env["XLA_FLAGS"] = " ".join(flags)
+    env["XLA_FLAGS"] = without_forced_devices(env.get("XLA_FLAGS", ""))
     inp, out = tmp / f"{side}-settings.json", tmp / f"{side}-result.json"
     inp.write_text(json.dumps(dict(settings, workdir=str(tmp))))
     print(f"kljax bench rl: running the {side} side in a subprocess ...", file=sys.stderr, flush=True)
