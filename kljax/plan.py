@@ -262,6 +262,8 @@ def make_plan(config: ml_collections.ConfigDict, mesh_shape: tuple[int, int, int
 
     p_sh = shd.logical_to_sharding(tfm.logical_axes(model), tfm.param_shapes(model), mesh)
     params = _abstract(tfm.param_shapes(model), p_sh)
+    frozen = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, model.jnp_frozen_dtype, sharding=x.sharding),
+                          params)  # the reference and async snapshots (`tfm.frozen_copy`)
     tx = st.make_optimizer(settings.optim)
     fresh = functools.partial(st._fresh_state, tx=tx, seed=settings.seed)
     state_shape = jax.eval_shape(fresh, params)
@@ -294,7 +296,7 @@ def make_plan(config: ml_collections.ConfigDict, mesh_shape: tuple[int, int, int
     if "score" in programs:
         scorer = jax.jit(functools.partial(score, model=model, micro_batches=rl.micro_batches))
         with jax.set_mesh(mesh):
-            lowered = scorer.lower(params, params, batch)
+            lowered = scorer.lower(params, frozen, batch)
         compiled["score"] = compile_memory("score (policy + reference log-probs)", lowered, top)
     if "sample" in programs:
         sp = sampling.SamplingParams(max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_p=rl.top_p,
@@ -306,11 +308,11 @@ def make_plan(config: ml_collections.ConfigDict, mesh_shape: tuple[int, int, int
                                                mesh=mesh)
         compiled["sample"] = compile_memory("sampler (prefill + decode loop)", lowered, top)
 
-    p_bytes = sharded_bytes(params)
+    p_bytes, ref_bytes = sharded_bytes(params), sharded_bytes(frozen)
     opt_bytes = sharded_bytes(state) - p_bytes
-    snap_bytes = rl.async_level * p_bytes
-    resident = 2 * p_bytes + opt_bytes + snap_bytes
-    resident_args = {"train": p_bytes + opt_bytes, "sample": p_bytes, "score": 2 * p_bytes}
+    snap_bytes = rl.async_level * ref_bytes
+    resident = p_bytes + ref_bytes + opt_bytes + snap_bytes
+    resident_args = {"train": p_bytes + opt_bytes, "sample": p_bytes, "score": p_bytes + ref_bytes}
     phases = {}
     for key_, prog in compiled.items():
         extra_args = max(prog.argument - resident_args[key_], 0)  # batch / prompts
@@ -322,7 +324,7 @@ def make_plan(config: ml_collections.ConfigDict, mesh_shape: tuple[int, int, int
         shapes={"prompts": b_prompts, "group": g, "sequences": rows, "prompt_len": prompt_len,
                 "new_tokens": resp, "micro_batches": rl.micro_batches, "async_level": rl.async_level},
         dtypes={"param_dtype": model.param_dtype, "dtype": model.dtype, "remat": model.remat},
-        params=p_bytes, opt_state=opt_bytes, ref_params=p_bytes, snapshots=snap_bytes, kv_cache=kv,
+        params=p_bytes, opt_state=opt_bytes, ref_params=ref_bytes, snapshots=snap_bytes, kv_cache=kv,
         programs=compiled, phases=phases, chip=chip,
     )
 

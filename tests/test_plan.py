@@ -75,6 +75,15 @@ def test_1b_plan_matches_analytic_estimate(tmp_path):
                               (1, 8, 1), devices=devices, programs=("train",), top=0)
     assert abs(lean.params * 2 - plan.params) < 2**20
     assert lean.programs["train"].temp < train.temp
+    assert plan.ref_params == plan.params  # float32 compute: the reference is a float32 copy
+
+    # bfloat16 compute over float32 parameters: the frozen reference and the async snapshot are held
+    # in bfloat16 (`tfm.frozen_copy`), half the bytes; the trained parameters stay float32.
+    mixed = plan_lib.make_plan(config_1b(tmp_path, **{"model.dtype": "bfloat16", "rl.async_level": 1}),
+                               (1, 8, 1), devices=devices, programs=())
+    assert mixed.params == plan.params and abs(mixed.ref_params * 2 - plan.params) < 2**20
+    assert mixed.snapshots == mixed.ref_params
+    assert mixed.resident == mixed.params + mixed.opt_state + 2 * mixed.ref_params
 
 
 def test_cli_plan_all_programs(capsys):

@@ -42,8 +42,10 @@ def test_reward_rises_with_k1_in_reward(tmp_path):
     assert (tmp_path / "tb").is_dir()
 
 
-def test_resume_equals_uninterrupted(tmp_path):
-    config = tiny(steps=6, checkpoint_every=100)
+# The second case keeps the reference and the async snapshot in bfloat16 (`tfm.frozen_copy`).
+@pytest.mark.parametrize("overrides", [{}, {"model.dtype": "bfloat16", "rl.async_level": 1}])
+def test_resume_equals_uninterrupted(tmp_path, overrides):
+    config = tiny(steps=6, checkpoint_every=100, **overrides)
     full = train(config, tmp_path / "full", progress=False)
     first = train(config, tmp_path / "split", progress=False, stop_after=3)
     assert first["stopped_at"] == 3

@@ -70,6 +70,26 @@ def test_build_holds_two_copies_of_the_weights_and_the_reference_stays_frozen():
     assert any(moved)
 
 
+def test_bfloat16_compute_keeps_the_reference_in_bfloat16_with_the_same_iterations():
+    """With bfloat16 compute over float32 params the frozen reference is held in bfloat16 (half its
+    bytes), and iterations equal those scored against the float32 reference exactly."""
+    bf16 = {"model.dtype": "bfloat16", "model.scan_layers": False, "kl.estimator": "k3", "kl.placement": "loss"}
+    settings = validate(tiny(**bf16))
+    run, state, ref_params = build(settings)
+    _, state32, _ = build(settings)
+    ref32 = jax.tree.map(jnp.copy, state32.params)  # the initial weights in float32
+    assert {x.dtype for x in jax.tree.leaves(ref_params)} == {jnp.dtype(jnp.bfloat16)}
+    assert 2 * nbytes(ref_params) == nbytes(ref32)
+    beta, beta32 = float(settings.kl.beta), float(settings.kl.beta)
+    for step in range(2):
+        it, it32 = (iteration(run, state, ref_params, step, beta=beta),
+                    iteration(run, state32, ref32, step, beta=beta32))
+        assert deterministic(it.row) == deterministic(it32.row)
+        np.testing.assert_array_equal(np.asarray(it.batch.ref_logp_br), np.asarray(it32.batch.ref_logp_br))
+        state, state32, beta, beta32 = it.state, it32.state, it.beta, it32.beta
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params), jax.device_get(state32.params))
+
+
 def test_score_time_includes_the_asynchronous_scoring(monkeypatch):
     """Advantages (the last result of the score phase) that are ready DELAY seconds after their
     dispatch returns are timed as score, not as update (where the train step would wait for them)."""
@@ -100,12 +120,18 @@ def test_score_time_includes_the_asynchronous_scoring(monkeypatch):
     ({"top_k": 5}, {}, False),
     ({"top_p": 0.9}, {}, False),
     ({}, {"estimator": "full", "placement": "loss"}, False),  # needs the policy's hidden states
+    ({"dtype": "bfloat16"}, {}, False),  # 16-bit sampler and teacher-forced log-probs round differently
 ])
 def test_sampler_is_policy_only_when_the_sampler_draws_from_pi(rl, kl, reused):
+    from kljax.train.policy import tiny_model_config
     from kljax.train.rollout import sampler_is_policy
 
-    settings = validate(tiny(**{f"rl.{k}": v for k, v in rl.items()}, **{f"kl.{k}": v for k, v in kl.items()}))
-    assert sampler_is_policy(settings.rl, settings.kl) is reused
+    dtype = rl.get("dtype", "float32")
+    settings = validate(tiny(**{f"rl.{k}": v for k, v in rl.items() if k != "dtype"},
+                             **{f"kl.{k}": v for k, v in kl.items()}, **{"model.dtype": dtype}))
+    model = tiny_model_config(settings.raw.model, settings.raw.model.tiny.vocab_size)
+    assert model.dtype == dtype
+    assert sampler_is_policy(settings.rl, settings.kl, model) is reused
 
 
 @pytest.mark.parametrize("kl", [{"kl.estimator": "k1", "kl.placement": "reward"},

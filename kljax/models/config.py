@@ -91,6 +91,13 @@ class ModelConfig:
     def jnp_dtype(self) -> jnp.dtype:
         return jnp.dtype(self.dtype)
 
+    @property
+    def jnp_frozen_dtype(self) -> jnp.dtype:
+        """The dtype of parameters used only in forward passes (`transformer.frozen_copy`): the compute
+        dtype when it is narrower than param_dtype, else param_dtype."""
+        narrower = self.jnp_dtype.itemsize < self.jnp_param_dtype.itemsize
+        return self.jnp_dtype if narrower else self.jnp_param_dtype
+
     # ------------------------------------------------------------------ HF config.json <-> ModelConfig
 
     @classmethod

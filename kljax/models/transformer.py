@@ -38,6 +38,7 @@ KV-cache contract (for the sampler; see `apply_with_cache`):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -125,6 +126,25 @@ def init_params(config: ModelConfig, key: jax.Array, std: float = 0.02) -> Param
 def param_shapes(config: ModelConfig) -> Params:
     """`jax.ShapeDtypeStruct` pytree of the parameters, without allocating them."""
     return jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+
+
+def frozen_copy(params: Params, config: ModelConfig) -> Params:
+    """A copy, in new buffers, of parameters that only forward passes will read (the frozen reference,
+    the async sampler's snapshots), in `config.jnp_frozen_dtype`.
+
+    Exact: every forward casts each parameter to the compute dtype before its first use (weights,
+    biases, norm scales, the embedding rows it gathers), so forward(frozen_copy(p)) equals forward(p)
+    bit for bit, and with a 16-bit compute dtype over float32 parameters the copy takes half the
+    memory (for an 8B model, 16 GB less for the reference). Keeps each array's sharding.
+    """
+    return _frozen_copy(params, config.jnp_frozen_dtype)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _frozen_copy(params: Params, dtype: jnp.dtype) -> Params:
+    # One program, not an eager op per array; jnp.copy under jit is a copy (a fresh buffer), so no
+    # leaf aliases the input even where its dtype is kept.
+    return jax.tree.map(lambda a: a.astype(dtype) if a.dtype != dtype else jnp.copy(a), params)
 
 
 def logical_axes(config: ModelConfig) -> Params:

@@ -33,7 +33,8 @@ class RLConfig:
     reuse_sampler_logprobs: when the sampler draws from the policy itself (see
     `kljax.train.rollout.sampler_is_policy`), take the policy's log-probs of the sampled tokens (and
     the entropy metric) from the sampler instead of re-scoring the batch with another policy forward
-    pass; False always re-scores.
+    pass (float32 compute only: in 16-bit the two differ by rounding, and the batch is re-scored);
+    False always re-scores.
     """
 
     advantage: str = "rloo"

@@ -35,6 +35,7 @@ from kljax import sharding as shd
 from kljax.checkpoint import RunCheckpointer
 from kljax.kl import adapt_beta, warn_if_biased
 from kljax.metrics import MetricsWriter, to_python
+from kljax.models import transformer as tfm
 from kljax.tasks.base import Example
 from kljax.train import state as st
 from kljax.train.config import RunSettings, check_against_model, validate
@@ -122,11 +123,14 @@ def build(settings: RunSettings) -> tuple[Run, st.TrainState, Any]:
     if settings.raw.task.get("answer_format"):
         task.answer_format = settings.raw.task.answer_format  # how prompts ask for the final answer
     tx = st.make_optimizer(settings.optim)
-    # Two copies of the weights, not three: the loaded ones become the frozen reference (never donated
-    # nor updated; the async snapshots start as the same buffers), the state gets its own copy (donated
-    # to and updated by every train step), and the policy keeps none.
+    # Two copies of the weights, not three: the state gets its own copy (donated to and updated by
+    # every train step), the frozen reference is the loaded one (never donated nor updated; the async
+    # snapshots start as the same buffers), or with a 16-bit compute dtype over float32 params its
+    # exact half-size copy in the compute dtype (`tfm.frozen_copy`), and the policy keeps none.
     state, state_sh = st.state_from_params(policy.params, tx, policy.param_shardings, mesh, settings.seed)
     ref_params = policy.params
+    if policy.model.jnp_frozen_dtype != policy.model.jnp_param_dtype:
+        ref_params = tfm.frozen_copy(policy.params, policy.model)
     policy = dataclasses.replace(policy, params=None)
     rl = settings.rl
     step_settings = StepSettings(
@@ -135,9 +139,9 @@ def build(settings: RunSettings) -> tuple[Run, st.TrainState, Any]:
     step_fn = under_mesh(jax.jit(functools.partial(train_step, settings=step_settings, tx=settings.optim),
                                  out_shardings=(state_sh, None), donate_argnums=0), mesh)
     full = settings.kl.estimator == "full"
+    rescore = not sampler_is_policy(rl, settings.kl, policy.model)
     score_fn = under_mesh(jax.jit(functools.partial(score, model=policy.model, micro_batches=rl.micro_batches,
-                                                    full_kl=full, policy=not sampler_is_policy(rl, settings.kl))),
-                          mesh)
+                                                    full_kl=full, policy=rescore)), mesh)
 
     def place(batch):
         return jax.device_put(batch, batch_shardings(batch, mesh))
@@ -197,7 +201,7 @@ def iteration(run: Run, state: st.TrainState, ref_params: Any, step: int, *, bet
     )
     queue = collections.deque(snapshots, maxlen=max(rl.async_level, 1))  # a new one: the caller's is left as is
     if rl.async_level:
-        queue.append(jax.tree.map(jnp.copy, state.params))  # copied before the train step donates them
+        queue.append(tfm.frozen_copy(state.params, run.policy.model))  # before the train step donates them
     t0 = time.perf_counter()
     for _ in range(rl.updates_per_batch):
         state, step_metrics = run.step_fn(state, batch, ref_params)
