@@ -53,6 +53,24 @@ def test_bench_rl_times_both_sides_on_the_same_work(tiny_model, tmp_path, capsys
     assert "TRL GRPO" in printed and "ratio" in printed
 
 
+def test_bench_rl_bfloat16_runs_both_sides_in_bfloat16_compute(tiny_model, tmp_path):
+    """--dtype bfloat16: kljax's model computes in bfloat16 over float32 weights (layers unrolled with
+    --no-scan), TRL runs under accelerate's bf16 autocast; the MFU peak is a bfloat16 matmul's."""
+    out = tmp_path / "rl.json"
+    flags = ["--prompts", "2", "--group", "2", "--new-tokens", "4", "--repeats", "1", "--warmup", "0",
+             "--dtype", "bfloat16", "--no-scan"]
+    assert main(["bench", "rl", "--model", str(tiny_model), *flags, "--json", str(out)]
+                + ([] if HAS_TRL else ["--no-peer"])) == 0
+    result = json.loads(out.read_text())
+    k = result["sides"]["kljax"]
+    assert result["settings"]["dtype"] == "bfloat16" and result["settings"]["scan_layers"] is False
+    assert (k["compute_dtype"], k["param_dtype"], k["scan_layers"]) == ("bfloat16", "float32", False)
+    assert k["peak"]["dtype"] == "bfloat16" and result["mfu"] > 0
+    if not HAS_TRL:
+        pytest.skip("trl is not installed (the `bench` extra): the peer side was not run")
+    assert result["sides"]["peer"]["mixed_precision"] == "bf16"
+
+
 @pytest.mark.parametrize("flag, value", [("--prompts", "0"), ("--group", "1"), ("--repeats", "0"),
                                          ("--warmup", "-1"), ("--threads", "0"), ("--threads", "100000"),
                                          ("--micro-batches", "0"), ("--micro-batches", "3")])

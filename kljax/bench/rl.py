@@ -2,18 +2,22 @@
 
     kljax bench rl [--model DIR|random:NAME] [--prompts 8] [--group 4] [--new-tokens 64]
                    [--repeats 5] [--warmup 1] [--threads N] [--micro-batches M] [--gradient-checkpointing]
-                   [--peak-gflops G] [--no-peer] [--json PATH]
+                   [--dtype float32|bfloat16] [--no-scan] [--peak-gflops G] [--no-peer] [--json PATH]
 
 An iteration: sample G completions for each of B arithmetic prompts (up to N new tokens, temperature
-1) -> rewards (kljax's arithmetic scorer, on both sides) -> reference log-probs (the policy's are
-the sampler's on both sides: on-policy, neither runs a second policy forward pass; kljax's
-`rl.reuse_sampler_logprobs`) -> group advantages -> one AdamW update on the B * G completions. kljax
-runs its real trainer (`trainer.build` for the model, task, optimizer and jitted score/step
+1) -> rewards (kljax's arithmetic scorer, on both sides) -> reference log-probs (on-policy neither
+side runs a second policy forward pass in float32: kljax takes the policy's log-probs from the
+sampler, `rl.reuse_sampler_logprobs`, TRL from its update's own forward; in bfloat16 kljax
+re-scores the policy too, because its 16-bit sampler and teacher-forced log-probs differ by
+rounding, `kljax.train.rollout.sampler_is_policy`) -> group advantages -> one AdamW update on the
+B * G completions. kljax runs its real trainer (`trainer.build` for the model, task, optimizer and jitted score/step
 functions, then `trainer.iteration`, the loop body of `kljax train`, metrics row included) with GRPO
 advantages and k3 in the loss (beta 0.04), the KL of TRL's GRPO; TRL runs `GRPOTrainer.train()` with
 num_generations=G and one generation batch per optimizer step (per_device_train_batch_size = B * G,
 gradient_accumulation_steps = steps_per_generation = num_iterations = 1), loss_type="grpo", the same
-learning rate, PPO clip, gradient clipping and AdamW settings, float32, no vLLM, and activation
+learning rate, PPO clip, gradient clipping and AdamW settings, the same compute dtype (`--dtype`: float32, or
+bfloat16 compute over float32 weights and optimizer state on both sides: kljax model.dtype, TRL bf16=True,
+i.e. torch autocast, for sampling, scoring and the update alike), no vLLM, and activation
 recomputation on both sides or neither (`--gradient-checkpointing`; kljax's default config has none,
 TRL's GRPOConfig turns it on by default; with micro-batches kljax's remat='full' also adds each
 micro-batch's layer gradients into the accumulator in place), and the update's B * G completions split into the same
@@ -42,9 +46,10 @@ recomputed activations and the optimizer's elementwise work are left out:
                                                  generated tokens
     scoring   2 N T_seq + 2 H T_gen              the reference's forward over the T_seq real tokens
                                                  of the B * G prompt + completion sequences (on-policy
-                                                 the policy's log-probs need no forward of their own)
+                                                 the policy's log-probs need no forward of their own;
+                                                 kljax's bfloat16 re-scoring is not counted)
     update    6 N T_seq + 6 H T_gen              forward + backward
-    MFU = model FLOPs / (seconds per iteration * peak), the peak a float32 matmul measured in the
+    MFU = model FLOPs / (seconds per iteration * peak), the peak a matmul in the run's dtype measured in the
     kljax process (`common.peak_gflops`) on the same CPUs, or `--peak-gflops`.
 JSON (`--json`): `kljax`, `peer` (seconds per iteration, medians), `ratio` = peer seconds / kljax
 seconds (= kljax speed / TRL speed), `mfu` (kljax's), `sides` (times, spread, split, peak memory,
@@ -87,7 +92,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed iterations per side after the first")
     parser.add_argument("--threads", type=int, default=None, help="CPUs each side is pinned to (default: all)")
     parser.add_argument("--peak-gflops", type=float, default=None,
-                        help="peak GFLOP/s for MFU (default: measure a float32 matmul now)")
+                        help="peak GFLOP/s for MFU (default: measure a matmul in --dtype now)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="compute dtype on both sides; weights and AdamW state stay float32 (TRL: bf16=True, "
+                        "torch autocast)")
+    parser.add_argument("--no-scan", action="store_true",
+                        help="kljax: unroll the layers (model.scan_layers=False), faster in bfloat16 on CPU; the "
+                        "in-place micro-batch accumulation of --gradient-checkpointing scans the update regardless")
     parser.add_argument("--micro-batches", type=int, default=1,
                         help="split the update (and kljax's reference scoring) into M micro-batches on both sides, "
                         "accumulating gradients; M must divide prompts * group (default 1: the whole batch at once)")
@@ -129,7 +140,8 @@ def _validate(args: argparse.Namespace) -> dict[str, Any]:
         "threads": threads, "cpus": cpus[:threads], "seed": args.seed, "peak_gflops": args.peak_gflops,
         "temperature": 1.0, "beta": BETA, "kl": "k3 in the loss, per token", "advantage": "grpo (group mean/std)",
         "learning_rate": LEARNING_RATE, "clip": CLIP, "max_grad_norm": 1.0, "task": f"{TASK}:{SPLIT}",
-        "dtype": "float32", "gradient_checkpointing": bool(args.gradient_checkpointing),
+        "dtype": args.dtype, "scan_layers": not args.no_scan,
+        "gradient_checkpointing": bool(args.gradient_checkpointing),
         "micro_batches": args.micro_batches,
     }
 
@@ -322,7 +334,8 @@ def print_table(summary: dict[str, Any]) -> None:
     s = summary["settings"]
     print(f"kljax bench rl: {s['model'] or 'SmolLM2-135M-Instruct'} on {s['task']}, {s['prompts']} prompts x "
           f"{s['group']} samples x {s['new_tokens']} new tokens, {s['repeats']} timed iterations, "
-          f"{s['threads']} threads, update in {s['micro_batches']} micro-batch(es)")
+          f"{s['threads']} threads, update in {s['micro_batches']} micro-batch(es), {s['dtype']}"
+          f"{'' if s['scan_layers'] else ', layers unrolled'}")
     print(f"{'system':10s} {'s/iter':>8s} {'min-max':>13s} {'sample':>7s} {'reward':>7s} {'score':>7s} "
           f"{'update':>7s} {'peak MiB':>9s} {'MFU':>7s} {'gen tok':>8s}")
     for key, side in summary["sides"].items():

@@ -29,6 +29,8 @@ def kljax_config(settings: dict[str, Any], prompt_format: str, max_prompt_len: i
     c.optim.learning_rate, c.optim.schedule, c.optim.max_grad_norm = LEARNING_RATE, "constant", 1.0
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
     c.model.remat = "full" if settings["gradient_checkpointing"] else "none"
+    c.model.dtype, c.model.param_dtype = settings["dtype"], "float32"
+    c.model.scan_layers = settings["scan_layers"]
     return c
 
 
@@ -86,7 +88,7 @@ def kljax_side(settings: dict[str, Any]) -> dict[str, Any]:
         splits.append(split)
         tokens.append(tok)
     compiled_while_timed = compiles.since(mark)
-    peak = common.peak_gflops(settings["peak_gflops"], "float32")
+    peak = common.peak_gflops(settings["peak_gflops"], settings["dtype"])
     device = jax.devices()[0]
     stats = device.memory_stats() if device.platform != "cpu" else None
     return side_result(splits, tokens, params, settings, int(state.step), extra={
@@ -94,6 +96,8 @@ def kljax_side(settings: dict[str, Any]) -> dict[str, Any]:
         "compile_s_while_timed": round(compiled_while_timed, 3), "setup_s": round(setup_s, 3), "peak": peak,
         "rss_after_setup_mb": rss_setup, "rss_after_first_iteration_mb": rss_first,
         "rss_resident_at_end_mb": host_memory_mb(), "prompt_format": fmt, "max_prompt_len": longest,
+        "compute_dtype": str(m.dtype), "param_dtype": str(jax.tree.leaves(state.params)[0].dtype),
+        "scan_layers": bool(m.scan_layers),
         "device": getattr(device, "device_kind", device.platform),
         "peak_device_mb": stats["peak_bytes_in_use"] / 2**20 if stats and "peak_bytes_in_use" in stats else None,
         "versions": common.versions(),

@@ -7,9 +7,10 @@ num_iterations = 1 (so one generation batch of B * G completions per optimizer s
 takes the old log-probs from the policy's own forward, as on-policy kljax does), loss_type "grpo"
 (sequence mean of token means, as kljax's seq-mean-token-mean), group-std reward scaling, k3 KL
 in the loss (beta), PPO clip, constant learning rate, AdamW with global-norm clipping 1.0,
-float32, unshuffled data, no logging or saving. The reward function calls kljax's `score_batch`
-on the decoded completions. Timing splits: the `_generate` call (sampling), the reward function,
-and the rest of the step (reference log-probs, forward, backward and optimizer step).
+float32 weights (bf16=True, torch autocast, with `--dtype bfloat16`), unshuffled data, no logging
+or saving. The reward function calls kljax's `score_batch` on the decoded completions. Timing
+splits: the `_generate` call (sampling), the reward function, and the rest of the step
+(reference log-probs, forward, backward and optimizer step).
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def peer_side(settings: dict[str, Any]) -> dict[str, Any]:
 
     cuda = torch.cuda.is_available()
     config = GRPOConfig(
-        output_dir=str(Path(settings["workdir"]) / "trl"), seed=settings["seed"], use_cpu=not cuda, bf16=False,
+        output_dir=str(Path(settings["workdir"]) / "trl"), seed=settings["seed"], use_cpu=not cuda,
+        bf16=settings["dtype"] == "bfloat16",
         fp16=False, gradient_checkpointing=settings["gradient_checkpointing"],
         model_init_kwargs={"dtype": torch.float32},
         per_device_train_batch_size=b * g // m, gradient_accumulation_steps=m, steps_per_generation=m,
@@ -107,7 +109,7 @@ def peer_side(settings: dict[str, Any]) -> dict[str, Any]:
         "first_iteration_s": round(times["total"][0], 3), "setup_s": round(setup_s, 3),
         "rss_after_setup_mb": rss_setup, "rss_after_first_iteration_mb": times["rss_first"][0],
         "rss_resident_at_end_mb": psutil.Process().memory_info().rss / 2**20, "prompt_format": fmt,
-        "prompt_tokens_match_kljax": same_tokens,
+        "prompt_tokens_match_kljax": same_tokens, "mixed_precision": str(trainer.accelerator.mixed_precision),
         "device": "cuda" if cuda else "cpu",
         "peak_device_mb": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
         "versions": common.versions(),
