@@ -96,9 +96,12 @@ def sampler_is_policy(rl: RLConfig, kl: KLConfig, model: ModelConfig) -> bool:
     `tests/test_sampling*.py`), so the second forward pass would recompute them. Not in a 16-bit
     compute dtype: there the sampler's cached decode and the teacher-forced forward round
     differently (SmolLM2-135M in bfloat16, 2048 sampled tokens: |delta log p| 0.028 on average, 0.55
-    at most, 0.4% of the tokens' ratios outside [0.8, 1.2], 0.31 nats per sequence), which would
-    move the importance ratios off 1 and bias a KL penalty in the reward, so the batch is re-scored.
-    kl.estimator='full' needs the policy's hidden states anyway and always re-scores.
+    at most, |sum over a response| 0.31 nats on average), and log pi - log pi_ref would carry that
+    difference into every KL estimate: a KL penalty in the reward, the logged k1/k2/k3 and
+    kl_seq (adaptive beta's input), nonzero where the policy still equals the reference. So the
+    batch is re-scored. (The importance ratios are not affected either way: they always divide by
+    the sampler's own log-probs, the distribution actually sampled from.) kl.estimator='full'
+    needs the policy's hidden states anyway and always re-scores.
     """
     untruncated = rl.temperature == 0.0 or (rl.temperature == 1.0 and rl.top_p == 1.0 and rl.top_k == 0)
     exact = model.jnp_dtype == jnp.float32
