@@ -245,6 +245,7 @@ def make_plan(config: ml_collections.ConfigDict, mesh_shape: tuple[int, int, int
     from kljax.models.config import num_params
     from kljax.sampling_step import cache_bytes
     from kljax.train import state as st
+    from kljax.train.rollout import policy_scored_in_update
     from kljax.train.step import Batch, StepSettings, score, train_step
 
     unknown = sorted(set(programs) - {"train", "sample", "score"})
@@ -287,7 +288,7 @@ def make_plan(config: ml_collections.ConfigDict, mesh_shape: tuple[int, int, int
     compiled: dict[str, ProgramMemory] = {}
     if "train" in programs:
         step_settings = StepSettings(model, settings.kl, rl.loss_aggregation, rl.clip_low, rl.clip_high,
-                                     rl.micro_batches)
+                                     rl.micro_batches, kl_metrics=policy_scored_in_update(rl, settings.kl, model))
         step = jax.jit(functools.partial(train_step, settings=step_settings, tx=settings.optim),
                        in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, None), donate_argnums=0)
         with jax.set_mesh(mesh):  # the context mesh turns on the model's activation sharding constraints

@@ -157,3 +157,53 @@ def test_reusing_the_samplers_logprobs_equals_rescoring(kl):
             np.testing.assert_allclose(row[key], want[key], atol=1e-5, rtol=1e-4, err_msg=key)
     np.testing.assert_allclose(batch.advantages_br, batch_rescored.advantages_br, atol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), params, params_rescored)
+
+
+@pytest.mark.parametrize("overrides, in_update", [
+    ({}, False),  # float32, temperature 1: the sampler's log-probs are pi's
+    ({"model.dtype": "bfloat16"}, True),  # 16-bit: no reuse, and nothing before the update needs log pi
+    ({"rl.reuse_sampler_logprobs": False}, True),
+    ({"rl.temperature": 0.7}, True),
+    ({"model.dtype": "bfloat16", "kl.placement": "reward", "kl.estimator": "k1"}, False),  # the penalty needs it
+    ({"model.dtype": "bfloat16", "kl.placement": "both"}, False),
+    ({"model.dtype": "bfloat16", "rl.updates_per_batch": 2}, False),  # later updates run at moved params
+    ({"model.dtype": "bfloat16", "kl.estimator": "full"}, False),
+])
+def test_policy_scored_in_update_only_when_nothing_needs_log_pi_before_the_update(overrides, in_update):
+    from kljax.train.policy import tiny_model_config
+    from kljax.train.rollout import policy_scored_in_update
+
+    settings = validate(tiny(**{"kl.estimator": "k3", "kl.placement": "loss", **overrides}))
+    model = tiny_model_config(settings.raw.model, settings.raw.model.tiny.vocab_size)
+    assert policy_scored_in_update(settings.rl, settings.kl, model) is in_update
+
+
+def test_metrics_from_the_update_equal_those_of_a_policy_scoring_pass(monkeypatch):
+    """Without the policy's scoring forward (`policy_scored_in_update`: its score function returns
+    the reference's log-probs only) the update's own forward reports the KL metrics and entropy:
+    the same rows, advantages and update as the iteration that scores the policy first."""
+    from kljax.train import trainer
+
+    config = tiny(**{"kl.estimator": "k3", "kl.placement": "loss", "kl.beta": 0.5, "rl.micro_batches": 2,
+                     "rl.reuse_sampler_logprobs": False})
+    results = {}
+    for in_update in (True, False):
+        if not in_update:
+            monkeypatch.setattr(trainer, "policy_scored_in_update", lambda *a: False)
+        run, state, ref_params = build(validate(config))
+        beta, rows = float(run.settings.kl.beta), []
+        for step in range(2):
+            it = iteration(run, state, ref_params, step, beta=beta)
+            state, beta = it.state, it.beta
+            rows.append(it.row)
+        assert ("logp" in it.info.scored) is not in_update
+        results[in_update] = rows, jax.device_get(it.batch), jax.device_get(state.params)
+    (rows, batch, params), (rows_scored, batch_scored, params_scored) = results[True], results[False]
+    assert rows[0]["kl_seq"] == 0.0 and rows[1]["kl_seq"] != 0.0  # the first update moved the policy
+    for row, want in zip(rows, rows_scored, strict=True):
+        assert set(row) == set(want)
+        for key in ("kl_seq", "k1", "k2", "k3", "entropy", "response_length", "reward", "loss", "pg_loss",
+                    "kl_loss", "grad_norm", "ratio_mean"):
+            np.testing.assert_allclose(row[key], want[key], atol=1e-6, rtol=1e-5, err_msg=key)
+    np.testing.assert_array_equal(batch.advantages_br, batch_scored.advantages_br)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), params, params_scored)

@@ -6,10 +6,10 @@
 
 An iteration: sample G completions for each of B arithmetic prompts (up to N new tokens, temperature
 1) -> rewards (kljax's arithmetic scorer, on both sides) -> reference log-probs (on-policy neither
-side runs a second policy forward pass in float32: kljax takes the policy's log-probs from the
-sampler, `rl.reuse_sampler_logprobs`, TRL from its update's own forward; in bfloat16 kljax
-re-scores the policy too, because its 16-bit sampler and teacher-forced log-probs differ by
-rounding, `kljax.train.rollout.sampler_is_policy`) -> group advantages -> one AdamW update on the
+side runs a second policy forward pass: TRL takes log pi from its update's own forward; kljax in
+float32 from the sampler, `rl.reuse_sampler_logprobs`, and in bfloat16, where the sampler's and
+teacher-forced log-probs differ by rounding, its update reports the KL metrics from its own
+forward, `kljax.train.rollout.policy_scored_in_update`) -> group advantages -> one AdamW update on the
 B * G completions. kljax runs its real trainer (`trainer.build` for the model, task, optimizer and jitted score/step
 functions, then `trainer.iteration`, the loop body of `kljax train`, metrics row included) with GRPO
 advantages and k3 in the loss (beta 0.04), the KL of TRL's GRPO; TRL runs `GRPOTrainer.train()` with
@@ -46,8 +46,7 @@ recomputed activations and the optimizer's elementwise work are left out:
                                                  generated tokens
     scoring   2 N T_seq + 2 H T_gen              the reference's forward over the T_seq real tokens
                                                  of the B * G prompt + completion sequences (on-policy
-                                                 the policy's log-probs need no forward of their own;
-                                                 kljax's bfloat16 re-scoring is not counted)
+                                                 the policy's log-probs need no forward of their own)
     update    6 N T_seq + 6 H T_gen              forward + backward
     MFU = model FLOPs / (seconds per iteration * peak), the peak a matmul in the run's dtype measured in the
     kljax process (`common.peak_gflops`) on the same CPUs, or `--peak-gflops`.

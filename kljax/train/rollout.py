@@ -108,6 +108,18 @@ def sampler_is_policy(rl: RLConfig, kl: KLConfig, model: ModelConfig) -> bool:
     return rl.reuse_sampler_logprobs and rl.async_level == 0 and untruncated and exact and kl.estimator != "full"
 
 
+def policy_scored_in_update(rl: RLConfig, kl: KLConfig, model: ModelConfig) -> bool:
+    """Whether the rollout skips the policy's scoring forward pass altogether: when the sampler's
+    log-probs cannot stand in for log pi (`sampler_is_policy` is False, e.g. in 16-bit compute) but
+    nothing before the update needs log pi either (no KL in the reward, no full-vocabulary KL) and
+    one update is made per batch. That update's forward runs at the same, pre-update parameters,
+    so it reports the KL metrics and entropy (`StepSettings.kl_metrics`) the scoring pass would
+    have: the same numbers up to float rounding, one forward pass fewer per iteration.
+    """
+    return (not sampler_is_policy(rl, kl, model) and not kl.in_reward and kl.estimator != "full"
+            and rl.updates_per_batch == 1)
+
+
 def decode_responses(tokenizer: Any, tokens_rn: np.ndarray, mask_rn: np.ndarray) -> list[str]:
     """The text of each response's unmasked tokens (special tokens skipped)."""
     return [
@@ -179,9 +191,13 @@ def rollout(
     scored = score_fn(params, ref_params, partial)
     if reuse:  # the sampler drew from pi: its log-probs and entropy are the policy's
         scored = dict(scored, logp=partial.sampler_logp_br, entropy=jnp.asarray(result.response_entropy_rn))
-    terms = kl_terms(kl, scored["logp"], scored["ref_logp"], partial.response_mask_br, partial.sampler_logp_br,
-                     scored.get("full_kl"))
-    advantages = adv.token_advantages(rewards_b, terms.penalty_bt, terms.penalty_b, beta, g, rl.advantage)
+    if "logp" in scored:
+        terms = kl_terms(kl, scored["logp"], scored["ref_logp"], partial.response_mask_br, partial.sampler_logp_br,
+                         scored.get("full_kl"))
+        penalty_bt, penalty_b = terms.penalty_bt, terms.penalty_b
+    else:  # `policy_scored_in_update`: no KL in the reward, so no penalty
+        penalty_bt, penalty_b = jnp.zeros((b, r), jnp.float32), jnp.zeros((b,), jnp.float32)
+    advantages = adv.token_advantages(rewards_b, penalty_bt, penalty_b, beta, g, rl.advantage)
     batch = dataclasses.replace(partial, ref_logp_br=scored["ref_logp"], advantages_br=advantages)
     # The scoring and advantages were only dispatched (JAX runs them asynchronously); wait for them, or their
     # device time would be charged to whatever blocks next (the train step's time_update). Nothing is lost

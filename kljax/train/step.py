@@ -66,6 +66,10 @@ class StepSettings:
     clip_high: float | None = None
     micro_batches: int = 1
     logprob_chunk: int = 256
+    # Also return the batch's KL metrics and entropy (`kl_metrics` of the update's own forward at
+    # the pre-update parameters): for a rollout that skipped the policy's scoring forward
+    # (`kljax.train.rollout.policy_scored_in_update`).
+    kl_metrics: bool = False
 
     def __post_init__(self) -> None:
         if self.loss_aggregation not in losses.AGGREGATIONS:
@@ -181,7 +185,9 @@ def _loss_fn(params: Any, mb: Batch, pg_denominator: Array, n_sequences: Array, 
     mb = _constrain(mb)
     r = mb.response_mask_br.shape[1]
     hidden = response_hidden(params, mb.tokens_bs, mb.mask_bs, mb.positions_bs, r, s.model, layers_grad_acc)
-    logp = tfm.logprobs_from_hidden(params, hidden, mb.tokens_bs[:, -r:], s.model, chunk_size=s.logprob_chunk)
+    logp = tfm.logprobs_from_hidden(params, hidden, mb.tokens_bs[:, -r:], s.model, chunk_size=s.logprob_chunk,
+                                    with_entropy=s.kl_metrics)
+    logp, entropy = logp if s.kl_metrics else (logp, None)
     full = None
     if s.kl.estimator == "full" and s.kl.placement != "none":
         if ref_params is None:
@@ -204,7 +210,19 @@ def _loss_fn(params: Any, mb: Batch, pg_denominator: Array, n_sequences: Array, 
         "ratio_max": jnp.max(jnp.where(mask > 0, log_ratio, -jnp.inf)),
         "ratio_min": jnp.min(jnp.where(mask > 0, log_ratio, jnp.inf)),
     }
+    if s.kl_metrics:  # sums over this micro-batch; `train_step` divides by the whole batch's counts
+        sums = kl_metric_sums(jax.lax.stop_gradient(logp), mb.ref_logp_br, mask)
+        aux.update(sums, entropy_sum=jnp.sum(jax.lax.stop_gradient(entropy) * mask))
     return loss, aux
+
+
+def kl_metric_sums(logp_br: Array, ref_logp_br: Array, mask_br: Array) -> dict[str, Array]:
+    """`kl_metrics` as sums: k1/k2/k3 over response tokens, and sum_t d_t over the sequences."""
+    n_tokens, n_seq = jnp.sum(mask_br), mask_br.shape[0]
+    means = kl_metrics(logp_br, ref_logp_br, mask_br)
+    out = {f"{k}_sum": means[k] * jnp.maximum(n_tokens, 1.0) for k in ("k1", "k2", "k3")}
+    out["kl_seq_sum"] = means["kl_seq"] * n_seq
+    return out
 
 
 def _split(batch: Batch, n: int) -> Batch:
@@ -279,6 +297,8 @@ def train_step(
     zeros = jax.tree.map(jnp.zeros_like, state.params)
     aux0 = {"pg_loss_sum": 0.0, "kl_loss_sum": 0.0, "clipped_sum": 0.0, "ratio_sum": 0.0,
             "ratio_max": -jnp.inf, "ratio_min": jnp.inf}
+    if settings.kl_metrics:
+        aux0.update({f"{k}_sum": 0.0 for k in ("k1", "k2", "k3", "kl_seq", "entropy")})
     aux0 = {k: jnp.asarray(v, jnp.float32) for k, v in aux0.items()}
     if m == 1:
         (grads, loss, aux), _ = accumulate((zeros, jnp.zeros((), jnp.float32), aux0), batch)
@@ -308,6 +328,10 @@ def train_step(
         "nonfinite": 1.0 - finite.astype(jnp.float32),
         "beta": batch.beta,
     }
+    if settings.kl_metrics:  # as `batch_kl_metrics` of a policy scoring pass
+        metrics.update({k: aux[f"{k}_sum"] / n_tokens for k in ("k1", "k2", "k3", "entropy")})
+        metrics["kl_seq"] = aux["kl_seq_sum"] / n_seq
+        metrics["response_length"] = jnp.mean(jnp.sum(mask, axis=1))
     return new_state, metrics
 
 

@@ -41,7 +41,7 @@ from kljax.train import state as st
 from kljax.train.config import RunSettings, check_against_model, validate
 from kljax.train.evaluate_loop import evaluate_splits
 from kljax.train.policy import Policy, load_policy
-from kljax.train.rollout import RolloutInfo, rollout, sampler_is_policy
+from kljax.train.rollout import RolloutInfo, policy_scored_in_update, rollout, sampler_is_policy
 from kljax.train.step import Batch, StepSettings, batch_kl_metrics, batch_shardings, score, train_step
 
 PROGRESS_KEYS = ("reward", "accuracy", "kl_seq", "entropy")
@@ -133,13 +133,15 @@ def build(settings: RunSettings) -> tuple[Run, st.TrainState, Any]:
         ref_params = tfm.frozen_copy(policy.params, policy.model)
     policy = dataclasses.replace(policy, params=None)
     rl = settings.rl
+    in_update = policy_scored_in_update(rl, settings.kl, policy.model)  # then the step reports the KL metrics
     step_settings = StepSettings(
-        policy.model, settings.kl, rl.loss_aggregation, rl.clip_low, rl.clip_high, rl.micro_batches
+        policy.model, settings.kl, rl.loss_aggregation, rl.clip_low, rl.clip_high, rl.micro_batches,
+        kl_metrics=in_update,
     )
     step_fn = under_mesh(jax.jit(functools.partial(train_step, settings=step_settings, tx=settings.optim),
                                  out_shardings=(state_sh, None), donate_argnums=0), mesh)
     full = settings.kl.estimator == "full"
-    rescore = not sampler_is_policy(rl, settings.kl, policy.model)
+    rescore = not sampler_is_policy(rl, settings.kl, policy.model) and not in_update
     score_fn = under_mesh(jax.jit(functools.partial(score, model=policy.model, micro_batches=rl.micro_batches,
                                                     full_kl=full, policy=rescore)), mesh)
 
@@ -208,7 +210,8 @@ def iteration(run: Run, state: st.TrainState, ref_params: Any, step: int, *, bet
     jax.block_until_ready(state.params)
     update_time = time.perf_counter() - t0
     row = to_python(step_metrics)
-    row.update(to_python(batch_kl_metrics(info.scored, batch.response_mask_br)))
+    if not policy_scored_in_update(rl, kl, run.policy.model):  # else the update's forward reported them
+        row.update(to_python(batch_kl_metrics(info.scored, batch.response_mask_br)))
     n_tokens = float(jnp.sum(batch.response_mask_br))
     elapsed = time.perf_counter() - t_step
     row.update(
