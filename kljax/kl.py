@@ -270,14 +270,30 @@ def kl_surrogate(
     return jnp.sum(ratio_bt * terms.penalty_bt, axis=1) + terms.loss_b
 
 
+KL_METRICS = ("k1", "k2", "k3", "kl_seq")
+
+
+def kl_metric_sums(logp_bt: Array, ref_logp_bt: Array, mask_bt: Array) -> dict[str, Array]:
+    """The sums behind `kl_metrics` (which add up over micro-batches): k1, k2, k3 summed over
+    response tokens, and sum_t d_t summed over sequences."""
+    mask = est.as_float(mask_bt)
+    d = masked(logp_bt, mask) - masked(ref_logp_bt, mask)
+    out = {name: jnp.sum(fn(d) * mask) for name, fn in (("k1", est.k1), ("k2", est.k2), ("k3", est.k3))}
+    out["kl_seq"] = jnp.sum(d)
+    return out
+
+
 def kl_metrics(logp_bt: Array, ref_logp_bt: Array, mask_bt: Array) -> dict[str, Array]:
     """Monitoring values: per-token means of k1, k2, k3 over response tokens, and the mean
     sequence-level KL estimate sum_t d_t (unbiased for KL_seq on-policy)."""
-    mask = est.as_float(mask_bt)
-    d = masked(logp_bt, mask) - masked(ref_logp_bt, mask)
-    n_tokens = jnp.maximum(jnp.sum(mask), 1.0)
-    out = {name: jnp.sum(fn(d) * mask) / n_tokens for name, fn in (("k1", est.k1), ("k2", est.k2), ("k3", est.k3))}
-    out["kl_seq"] = jnp.mean(jnp.sum(d, axis=1))
+    return kl_metrics_from_sums(kl_metric_sums(logp_bt, ref_logp_bt, mask_bt), mask_bt)
+
+
+def kl_metrics_from_sums(sums: dict[str, Array], mask_bt: Array) -> dict[str, Array]:
+    """`kl_metrics` from `kl_metric_sums` of the batch `mask_bt` (token means; kl_seq per sequence)."""
+    n_tokens = jnp.maximum(jnp.sum(est.as_float(mask_bt)), 1.0)
+    out = {name: sums[name] / n_tokens for name in ("k1", "k2", "k3")}
+    out["kl_seq"] = sums["kl_seq"] / mask_bt.shape[0]
     return out
 
 
@@ -304,5 +320,6 @@ from kljax.kl_describe import KLDescription, config_name, describe  # noqa: E402
 
 __all__ = [
     "KLBiasWarning", "KLConfig", "KLDescription", "KLTerms", "adapt_beta", "config_name", "describe",
-    "kl_metrics", "kl_surrogate", "kl_terms", "masked", "sequence_weight", "token_ratio", "validate", "warn_if_biased",
+    "KL_METRICS", "kl_metric_sums", "kl_metrics", "kl_metrics_from_sums", "kl_surrogate", "kl_terms", "masked",
+    "sequence_weight", "token_ratio", "validate", "warn_if_biased",
 ]

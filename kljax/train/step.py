@@ -24,7 +24,7 @@ import optax
 
 from kljax import losses
 from kljax.estimators import full_kl_from_logits
-from kljax.kl import KLConfig, kl_metrics, kl_terms
+from kljax.kl import KL_METRICS, KLConfig, kl_metric_sums, kl_metrics_from_sums, kl_terms
 from kljax.models import transformer as tfm
 from kljax.models.config import ModelConfig
 from kljax.sharding import constrain_batch
@@ -185,9 +185,9 @@ def _loss_fn(params: Any, mb: Batch, pg_denominator: Array, n_sequences: Array, 
     mb = _constrain(mb)
     r = mb.response_mask_br.shape[1]
     hidden = response_hidden(params, mb.tokens_bs, mb.mask_bs, mb.positions_bs, r, s.model, layers_grad_acc)
-    logp = tfm.logprobs_from_hidden(params, hidden, mb.tokens_bs[:, -r:], s.model, chunk_size=s.logprob_chunk,
-                                    with_entropy=s.kl_metrics)
-    logp, entropy = logp if s.kl_metrics else (logp, None)
+    out = tfm.logprobs_from_hidden(params, hidden, mb.tokens_bs[:, -r:], s.model, chunk_size=s.logprob_chunk,
+                                   with_entropy=s.kl_metrics)
+    logp, entropy = out if s.kl_metrics else (out, None)
     full = None
     if s.kl.estimator == "full" and s.kl.placement != "none":
         if ref_params is None:
@@ -211,17 +211,24 @@ def _loss_fn(params: Any, mb: Batch, pg_denominator: Array, n_sequences: Array, 
         "ratio_min": jnp.min(jnp.where(mask > 0, log_ratio, jnp.inf)),
     }
     if s.kl_metrics:  # sums over this micro-batch; `train_step` divides by the whole batch's counts
-        sums = kl_metric_sums(jax.lax.stop_gradient(logp), mb.ref_logp_br, mask)
-        aux.update(sums, entropy_sum=jnp.sum(jax.lax.stop_gradient(entropy) * mask))
+        sums = _batch_metric_sums(jax.lax.stop_gradient(logp), mb.ref_logp_br, jax.lax.stop_gradient(entropy), mask)
+        aux.update({f"{k}_sum": v for k, v in sums.items()})
     return loss, aux
 
 
-def kl_metric_sums(logp_br: Array, ref_logp_br: Array, mask_br: Array) -> dict[str, Array]:
-    """`kl_metrics` as sums: k1/k2/k3 over response tokens, and sum_t d_t over the sequences."""
-    n_tokens, n_seq = jnp.sum(mask_br), mask_br.shape[0]
-    means = kl_metrics(logp_br, ref_logp_br, mask_br)
-    out = {f"{k}_sum": means[k] * jnp.maximum(n_tokens, 1.0) for k in ("k1", "k2", "k3")}
-    out["kl_seq_sum"] = means["kl_seq"] * n_seq
+BATCH_METRICS = (*KL_METRICS, "entropy")
+
+
+def _batch_metric_sums(logp_br: Array, ref_logp_br: Array, entropy_br: Array, mask_br: Array) -> dict[str, Array]:
+    """The sums (over tokens, over sequences for kl_seq) behind `batch_kl_metrics`, BATCH_METRICS keys."""
+    return {**kl_metric_sums(logp_br, ref_logp_br, mask_br), "entropy": jnp.sum(entropy_br * mask_br)}
+
+
+def _batch_metrics_from_sums(sums: dict[str, Array], mask_br: Array) -> dict[str, Array]:
+    """`_batch_metric_sums` of the whole batch -> the logged means, and the mean response length."""
+    out = kl_metrics_from_sums(sums, mask_br)
+    out["entropy"] = sums["entropy"] / jnp.maximum(jnp.sum(mask_br), 1.0)
+    out["response_length"] = jnp.mean(jnp.sum(mask_br, axis=1))
     return out
 
 
@@ -298,7 +305,7 @@ def train_step(
     aux0 = {"pg_loss_sum": 0.0, "kl_loss_sum": 0.0, "clipped_sum": 0.0, "ratio_sum": 0.0,
             "ratio_max": -jnp.inf, "ratio_min": jnp.inf}
     if settings.kl_metrics:
-        aux0.update({f"{k}_sum": 0.0 for k in ("k1", "k2", "k3", "kl_seq", "entropy")})
+        aux0.update({f"{k}_sum": 0.0 for k in BATCH_METRICS})
     aux0 = {k: jnp.asarray(v, jnp.float32) for k, v in aux0.items()}
     if m == 1:
         (grads, loss, aux), _ = accumulate((zeros, jnp.zeros((), jnp.float32), aux0), batch)
@@ -329,9 +336,7 @@ def train_step(
         "beta": batch.beta,
     }
     if settings.kl_metrics:  # as `batch_kl_metrics` of a policy scoring pass
-        metrics.update({k: aux[f"{k}_sum"] / n_tokens for k in ("k1", "k2", "k3", "entropy")})
-        metrics["kl_seq"] = aux["kl_seq_sum"] / n_seq
-        metrics["response_length"] = jnp.mean(jnp.sum(mask, axis=1))
+        metrics.update(_batch_metrics_from_sums({k: aux[f"{k}_sum"] for k in BATCH_METRICS}, mask))
     return new_state, metrics
 
 
@@ -339,8 +344,5 @@ def train_step(
 def batch_kl_metrics(scored: dict[str, Array], mask_br: Array) -> dict[str, Array]:
     """k1/k2/k3 means, sequence KL, entropy and response length of a scored batch. One compiled
     program, not a dozen eager sharded ops (see `kljax.cpu_threads` for what many of those can do)."""
-    out = kl_metrics(scored["logp"], scored["ref_logp"], mask_br)
-    n_tokens = jnp.maximum(jnp.sum(mask_br), 1.0)
-    out["entropy"] = jnp.sum(scored["entropy"] * mask_br) / n_tokens
-    out["response_length"] = jnp.mean(jnp.sum(mask_br, axis=1))
-    return out
+    sums = _batch_metric_sums(scored["logp"], scored["ref_logp"], scored["entropy"], mask_br)
+    return _batch_metrics_from_sums(sums, mask_br)
