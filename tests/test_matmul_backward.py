@@ -1,4 +1,4 @@
-"""The model's projection matmul (`transformer._matmul`) and its hand-written backward: the same
+"""The model's projection matmul (`kljax.models.matmul.matmul`) and its hand-written backward: the same
 gradients as autodiff of a plain dot, and on CPU bfloat16 dots that stay bfloat16 (XLA CPU turns
 a dot with a column-major 16-bit operand into a float32 dot, about 4x slower here)."""
 
@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kljax.models import transformer as tfm
+from kljax.models import matmul as mm
 
 
 def _inputs(dtype):
@@ -27,7 +27,7 @@ def test_gradients_equal_autodiff_of_a_plain_dot():
     plain = lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
     for dtype, tol in ((jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)):
         x, w, r = _inputs(dtype)
-        ours = jax.jit(jax.grad(_loss(tfm._matmul), argnums=(0, 1)))(x, w, r)
+        ours = jax.jit(jax.grad(_loss(mm.matmul), argnums=(0, 1)))(x, w, r)
         ref = jax.jit(jax.grad(_loss(plain), argnums=(0, 1)))(x, w, r)
         for a, b in zip(ours, ref, strict=True):
             assert a.dtype == b.dtype == dtype
@@ -37,7 +37,7 @@ def test_gradients_equal_autodiff_of_a_plain_dot():
 
 def test_bfloat16_backward_dots_keep_bfloat16_operands_on_cpu():
     x, w, r = _inputs(jnp.bfloat16)
-    hlo = jax.jit(jax.grad(_loss(tfm._matmul), argnums=(0, 1))).lower(x, w, r).compile().as_text()
+    hlo = jax.jit(jax.grad(_loss(mm.matmul), argnums=(0, 1))).lower(x, w, r).compile().as_text()
     # every dot, fused or not: the element types of its two operands
     shapes = {}
     for m in re.finditer(r"%([\w.\-]+) = (\w+)\[[\d,]*\]", hlo):

@@ -96,9 +96,9 @@ def test_invalid_configs_raise_with_valid_choices():
 @pytest.mark.parametrize("n_in", [1, 2])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_projection_backward_equals_autodiff_of_einsum(n_in, dtype):
-    """The hand-written backward of the weight projections (`_matmul`) is the gradient of the
-    plain einsum, for one and for two contracted axes (the output projection's [H, Dh])."""
-    from kljax.models.transformer import _project
+    """The hand-written backward of the weight projections (`kljax.models.matmul.matmul`) is the
+    gradient of the plain einsum, for one and for two contracted axes (the output projection's [H, Dh])."""
+    from kljax.models.matmul import project
 
     rng = np.random.default_rng(n_in)
     x = jnp.asarray(rng.standard_normal((3, 5, 24) if n_in == 1 else (3, 5, 4, 6)), dtype)
@@ -109,13 +109,13 @@ def test_projection_backward_equals_autodiff_of_einsum(n_in, dtype):
     def loss(f):
         return lambda x, w: jnp.sum(f(x, w).astype(jnp.float32) * cot)
 
-    ours = jax.grad(loss(lambda x, w: _project(x, w, n_in)), argnums=(0, 1))(x, w)
+    ours = jax.grad(loss(lambda x, w: project(x, w, n_in)), argnums=(0, 1))(x, w)
     ref = jax.grad(loss(lambda x, w: jnp.einsum(spec, x, w, preferred_element_type=jnp.float32).astype(x.dtype)),
                    argnums=(0, 1))(x, w)
     tol = 1e-5 if dtype == "float32" else 2e-2
     for a, b in zip(ours, ref, strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=tol, atol=tol)
-    np.testing.assert_allclose(np.asarray(_project(x, w, n_in), np.float32),
+    np.testing.assert_allclose(np.asarray(project(x, w, n_in), np.float32),
                                np.asarray(jnp.einsum(spec, x, w, preferred_element_type=jnp.float32).astype(x.dtype),
                                           np.float32), rtol=tol, atol=tol)

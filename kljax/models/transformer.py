@@ -46,10 +46,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental.layout import Layout, with_layout_constraint
 from jax.sharding import PartitionSpec
 
 from kljax.models.config import ModelConfig
+from kljax.models.matmul import einsum, project
 from kljax.sharding import constrain_batch
 
 Params = dict[str, Any]
@@ -235,63 +235,6 @@ def _apply_rope(x_bthk: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return out.astype(x_bthk.dtype)
 
 
-def _einsum(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
-    """`jnp.einsum` accumulated in float32 and returned in x.dtype. The same numbers as a 16-bit-out
-    einsum (which also accumulates in float32), but XLA CPU runs a 16-bit-out dot as a float32 dot,
-    converting both operands first: asking for the float32 result is what selects its bfloat16
-    kernels (about 2x the float32 rate on a CPU with AVX512-BF16). A no-op in float32."""
-    return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32).astype(x.dtype)
-
-
-def _row_major(a: jax.Array) -> jax.Array:
-    """`a` laid out row-major in memory (16-bit arrays on CPU; otherwise unchanged).
-
-    A transpose feeding a dot is otherwise left as a layout change, and XLA CPU runs a 16-bit dot
-    with a column-major operand as a float32 dot (both operands converted, no bfloat16 kernel):
-    measured for the backward's dy @ w^T and x^T @ dy at 1024 x 576 x 1536, 224 / 242 GFLOP/s
-    against 833 / 1271 with the operand made row-major first. Float32 is left to XLA."""
-    if jax.default_backend() != "cpu" or a.dtype.itemsize != 2:
-        return a
-    return with_layout_constraint(a, Layout(major_to_minor=tuple(range(a.ndim))))
-
-
-@jax.custom_vjp
-def _matmul(x_ni: jax.Array, w_io: jax.Array) -> jax.Array:
-    """x [N, I] @ w [I, O] accumulated in float32, in x.dtype (see `_einsum`), with a hand-written
-    backward: dx = dy w^T and dw = x^T dy from operands that are materialized first.
-
-    Why: XLA CPU's matmul kernels take row-major operands, so the backward's transposed operands
-    are copied. Left to itself XLA fuses the producer of the copied activation (silu(gate) * up,
-    the incoming gradient's elementwise chain) into that copy, and the fused transposing loop ran
-    at ~15 ns an element: 4.9 s of a 32 s SmolLM2 update at 16 x 256. The barrier makes both a
-    plain copy of an array already in memory."""
-    return jnp.dot(x_ni, w_io, preferred_element_type=jnp.float32).astype(x_ni.dtype)
-
-
-def _matmul_fwd(x_ni: jax.Array, w_io: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    return _matmul(x_ni, w_io), (x_ni, w_io)
-
-
-def _matmul_bwd(res: tuple[jax.Array, jax.Array], dy_no: jax.Array) -> tuple[jax.Array, jax.Array]:
-    x_ni, w_io = res
-    x_ni, dy_no = jax.lax.optimization_barrier((x_ni, dy_no))
-    dx = jnp.dot(dy_no, _row_major(w_io.T), preferred_element_type=jnp.float32).astype(x_ni.dtype)
-    dw = jnp.dot(_row_major(x_ni.T), dy_no, preferred_element_type=jnp.float32).astype(w_io.dtype)
-    return dx, dw
-
-
-_matmul.defvjp(_matmul_fwd, _matmul_bwd)
-
-
-def _project(x: jax.Array, w: jax.Array, n_in: int) -> jax.Array:
-    """Contract x's last `n_in` axes with w's first `n_in` axes (a projection by a weight), as one
-    `_matmul`: x [..., in...] w [in..., out...] -> [..., out...]."""
-    lead, out = x.shape[: x.ndim - n_in], w.shape[n_in:]
-    k = math.prod(w.shape[:n_in])
-    y = _matmul(x.reshape(-1, k), w.reshape(k, -1))
-    return y.reshape(*lead, *out)
-
-
 def _attention(q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Array, allowed_bts: jax.Array) -> jax.Array:
     """Grouped-query attention; q [B, T, H, Dh], k/v [B, S, Kv, Dh] -> [B, T, H, Dh].
 
@@ -307,7 +250,7 @@ def _attention(q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Array, allowed_
     scores = jnp.einsum("bkmd,bksd->bkms", q, k, preferred_element_type=jnp.float32).reshape(b, kv, g, t, s)
     scores = jnp.where(allowed_bts[:, None, None], scores * (dh**-0.5), _NEG)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, kv, g * t, s)
-    out = _einsum("bkms,bksd->bkmd", probs, v).reshape(b, kv, g, t, dh)
+    out = einsum("bkms,bksd->bkmd", probs, v).reshape(b, kv, g, t, dh)
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, dh)
 
 
@@ -331,7 +274,7 @@ def _layer(
     dt, eps = x_btd.dtype, config.rms_norm_eps
     w = lambda name: lp[name].astype(dt)
     h = rms_norm(x_btd, lp["attn_norm"], eps)
-    q, k, v = _project(h, w("q"), 1), _project(h, w("k"), 1), _project(h, w("v"), 1)
+    q, k, v = project(h, w("q"), 1), project(h, w("k"), 1), project(h, w("v"), 1)
     if config.qkv_bias:
         q, k, v = q + w("q_bias"), k + w("k_bias"), v + w("v_bias")
     if config.qk_norm:
@@ -348,12 +291,12 @@ def _layer(
     else:
         keys, values = k, v
     attn = _attention_recomputed(q, keys, values, allowed_bts)
-    x_btd = x_btd + _project(attn, w("o"), 2)
+    x_btd = x_btd + project(attn, w("o"), 2)
     if config.o_bias:
         x_btd = x_btd + w("o_bias")
     h = rms_norm(x_btd, lp["mlp_norm"], eps)
-    gated = jax.nn.silu(_project(h, w("gate"), 1)) * _project(h, w("up"), 1)
-    return x_btd + _project(gated, w("down"), 1), cache_kv
+    gated = jax.nn.silu(project(h, w("gate"), 1)) * project(h, w("up"), 1)
+    return x_btd + project(gated, w("down"), 1), cache_kv
 
 
 def _remat(fn: Callable, config: ModelConfig) -> Callable:
