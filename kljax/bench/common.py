@@ -297,6 +297,19 @@ def load_model(spec: str | None, *, export_for_peer: bool, mesh: Any = None, see
     return BenchModel(params, config, hf_dir, spec)
 
 
+def body_and_head_params(n_total: int, vocab_size: int, hidden_size: int, tied: bool) -> tuple[int, int]:
+    """(N, H): the non-embedding parameters and the output head's V * D, from the parameter count."""
+    head = vocab_size * hidden_size
+    return n_total - head * (1 if tied else 2), head
+
+
+def sample_flops(n_body: float, n_head: float, prompt_tokens: float, generated_tokens: float) -> float:
+    """Model FLOPs of generating: 2 N (P + T) + 2 H T for P prompt tokens run through the body once
+    (prefill) and T generated tokens, each needing the body and the head's logits. N non-embedding
+    parameters, H = V * D the head; norms, attention scores and sampling are left out."""
+    return 2 * n_body * (prompt_tokens + generated_tokens) + 2 * n_head * generated_tokens
+
+
 def train_flops(config: Any, batch: int, seq_len: int, response_len: int) -> dict[str, float]:
     """Model FLOPs of one policy update (forward + backward) on batch x seq_len tokens.
 

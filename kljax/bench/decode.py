@@ -1,7 +1,8 @@
 """`kljax bench decode`: kljax's jitted sampler vs transformers' `generate`, same weights, same shapes.
 
     kljax bench decode [--model DIR|random:NAME] [--batch 32] [--prompt-len 64] [--new-tokens 128]
-                       [--repeats 5] [--modes greedy,sampled] [--dtype float32] [--json PATH]
+                       [--repeats 5] [--modes greedy,sampled] [--dtype float32] [--peak-gflops G]
+                       [--no-floor] [--json PATH]
 
 Both sides get the same B random prompts of exactly `--prompt-len` tokens and produce exactly
 `--new-tokens` tokens per row: kljax with no stop ids, transformers with
@@ -14,8 +15,20 @@ when PyTorch has CUDA, else on the CPU with `torch.set_num_threads(--peer-thread
 core count)`. `--model random:NAME` (see `kljax.bench.common`) gives both sides the same
 random-init weights.
 
-The JSON has `kljax`, `peer` (tokens/s, geometric mean over the modes) and `ratio` = kljax / peer,
-plus per-mode details, the settings, versions and the machine's load average.
+MFU, for both sides: model FLOPs per generate / seconds / peak, with the model FLOPs those of
+`common.sample_flops`, 2 N (B P + B n) + 2 H B n (N non-embedding parameters, H = V * D the head,
+n = --new-tokens), the same nominal work for both sides, and the peak a matmul in `--dtype` measured
+in the same run (`common.peak_gflops`) or `--peak-gflops`. It bounds what any sampler can reach on
+the machine: a speed ratio r over the peer needs MFU r times the peer's.
+
+The matmul floor (`kljax.bench.decode_floor`; `--no-floor` skips it): the prefill plus the decode
+steps' weight matmuls alone, timed on this machine. No sampler on these kernels generates faster
+than its `tokens_per_s`; the table shows each side's speed as a share of it and the speed that 2x
+the peer would take.
+
+The JSON has `kljax`, `peer` (tokens/s, geometric mean over the modes), `ratio` = kljax / peer,
+`mfu` and `peer_mfu` (at those speeds), `peak_gflops`, `floor`, plus per-mode details, the
+settings, versions and the machine's load average.
 """
 
 from __future__ import annotations
@@ -44,6 +57,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=0, help="sampled mode top-k (0 = off)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                         help="weights and compute dtype, on both sides")
+    parser.add_argument("--peak-gflops", type=float, default=None,
+                        help="peak GFLOP/s for MFU (default: measure a jitted matmul in --dtype now)")
+    parser.add_argument("--no-floor", action="store_true",
+                        help="skip timing the matmul floor (prefill + the decode steps' weight matmuls alone)")
     parser.add_argument("--peer-threads", type=int, default=None,
                         help="torch threads for transformers (default: the core count)")
     common.add_run_flags(parser)
@@ -52,6 +69,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def _validate(args: argparse.Namespace) -> list[str]:
     modes = common.parse_subset(args.modes, MODES, "--modes")
     common.check_counts(args, ("batch", "prompt_len", "new_tokens", "repeats"))
+    if args.peak_gflops is not None and not args.peak_gflops > 0:
+        raise ValueError(f"--peak-gflops must be > 0, got {args.peak_gflops}")
     return modes
 
 
@@ -71,6 +90,10 @@ def run(args: argparse.Namespace) -> int:
     pad = config.pad_token_id if config.pad_token_id is not None else 0
 
     compiles = common.CompileTimer()
+    n_body, n_head = common.body_and_head_params(
+        sum(x.size for x in jax.tree.leaves(params)), config.vocab_size, config.hidden_size, config.tie_embeddings
+    )
+    flops = common.sample_flops(n_body, n_head, b * p, b * n)
 
     def sampling_params(mode: str) -> sampling.SamplingParams:
         if mode == "greedy":
@@ -87,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
     cores = os.cpu_count() or 1
     load_before = os.getloadavg()
     results: dict[str, dict[str, Any]] = {}
+    peak = common.peak_gflops(args.peak_gflops, args.dtype)
+    mfu = lambda tokens_per_s: flops * tokens_per_s / (b * n) / (peak["gflops"] * 1e9)
     for mode in modes:
         mark = compiles.mark()
         first, _ = kljax_once(mode, 0)
@@ -105,18 +130,39 @@ def run(args: argparse.Namespace) -> int:
             "kljax_compile_s": round(compile_s, 3),
             "kljax_first_call_s": round(first, 3),
         }
+        row["kljax_mfu"] = mfu(row["kljax"]["tokens_per_s"])
         if peer_once:
             row["peer"] = common.throughput(b * n, theirs)
             row["ratio"] = row["kljax"]["tokens_per_s"] / row["peer"]["tokens_per_s"]
+            row["peer_mfu"] = mfu(row["peer"]["tokens_per_s"])
         results[mode] = row
         _print_row(mode, row)
 
     summary: dict[str, Any] = {"kljax": common.geomean([r["kljax"]["tokens_per_s"] for r in results.values()])}
+    summary["mfu"] = mfu(summary["kljax"])
     if peer_once:
         summary["peer"] = common.geomean([r["peer"]["tokens_per_s"] for r in results.values()])
         summary["ratio"] = summary["kljax"] / summary["peer"]
+        summary["peer_mfu"] = mfu(summary["peer"])
         print(f"overall (geometric mean over modes): kljax {summary['kljax']:.1f} tok/s, "
               f"transformers {summary['peer']:.1f} tok/s, ratio {summary['ratio']:.2f}x")
+    print(f"MFU: {flops / 1e9:.1f} model GFLOP per generate, peak {peak['gflops']:.0f} GFLOP/s ({args.dtype}, "
+          f"{peak['source']}); kljax {summary['mfu']:.2f}"
+          + (f", transformers {summary['peer_mfu']:.2f} (a 2x ratio needs MFU {2 * summary['peer_mfu']:.2f})"
+             if peer_once else ""))
+    summary.update(peak_gflops=peak["gflops"], model_flops_per_generate=flops, peak=peak)
+    if not args.no_floor:
+        from kljax.bench import decode_floor
+
+        floor = decode_floor.matmul_floor(params, config, prompts, n, repeats=min(args.repeats, 3))
+        summary["floor"] = floor
+        line = (f"matmul floor: prefill {floor['prefill_s']:.2f} s + decode weight matmuls "
+                f"{floor['decode_matmul_s']:.2f} s = {floor['tokens_per_s']:.1f} tok/s; "
+                f"kljax at {summary['kljax'] / floor['tokens_per_s']:.0%} of it")
+        if peer_once:
+            line += (f", transformers at {summary['peer'] / floor['tokens_per_s']:.0%}; 2x transformers "
+                     f"= {2 * summary['peer'] / floor['tokens_per_s']:.0%} of it")
+        print(line)
     summary.update(
         unit="generated tokens per second (end to end: prefill + decode)",
         modes=results,
@@ -172,11 +218,12 @@ def _make_peer(model_dir: Path, args: argparse.Namespace, prompts: Any, pad: int
 def _print_row(mode: str, row: dict[str, Any]) -> None:
     k = row["kljax"]
     line = (f"{mode:8s} kljax {k['tokens_per_s']:8.1f} tok/s [{k['min']:.1f}-{k['max']:.1f}]"
-            f" {1e3 * k['cpu_seconds_per_token']:.1f} cpu-ms/tok (compile {row['kljax_compile_s']:.1f}s)")
+            f" {1e3 * k['cpu_seconds_per_token']:.1f} cpu-ms/tok MFU {row['kljax_mfu']:.2f}"
+            f" (compile {row['kljax_compile_s']:.1f}s)")
     if "peer" in row:
         t = row["peer"]
         line += f"  transformers {t['tokens_per_s']:8.1f} tok/s [{t['min']:.1f}-{t['max']:.1f}]"
-        line += f" {1e3 * t['cpu_seconds_per_token']:.1f} cpu-ms/tok"
+        line += f" {1e3 * t['cpu_seconds_per_token']:.1f} cpu-ms/tok MFU {row['peer_mfu']:.2f}"
         line += f"  ratio {row['ratio']:.2f}x"
     print(line, flush=True)
 

@@ -279,7 +279,7 @@ def model_flops(n_body: float, n_head: float, prompt_unique: float, generated: f
     """Model FLOPs of one iteration's phases and their total (formulas in the module docstring);
     n_body non-embedding parameters, n_head = vocab * hidden, then the token counts P_u, T_gen, T_seq."""
     out = {
-        "sample": 2 * n_body * (prompt_unique + generated) + 2 * n_head * generated,
+        "sample": common.sample_flops(n_body, n_head, prompt_unique, generated),
         "score": 2 * n_body * sequence + 2 * n_head * generated,
         "update": 6 * n_body * sequence + 6 * n_head * generated,
     }

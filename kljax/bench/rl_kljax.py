@@ -56,8 +56,8 @@ def kljax_side(settings: dict[str, Any]) -> dict[str, Any]:
     setup_s = time.perf_counter() - t_setup
     rss_setup = common.peak_rss_mb()
     m = run.policy.model
-    head = m.vocab_size * m.hidden_size
-    params = (sum(x.size for x in jax.tree.leaves(state.params)) - head * (1 if m.tie_embeddings else 2), head)
+    params = common.body_and_head_params(sum(x.size for x in jax.tree.leaves(state.params)), m.vocab_size,
+                                         m.hidden_size, m.tie_embeddings)
 
     beta = float(rs.kl.beta)
 

@@ -103,9 +103,9 @@ def peer_side(settings: dict[str, Any]) -> dict[str, Any]:
     splits = [{"sample": s, "reward": r, "score_and_update": t - s - r, "total": t, "cpu": c}
               for s, r, t, c in zip(*(times[k][skip:] for k in ("sample", "reward", "total", "cpu")), strict=True)]
     model = trainer.model
-    head = model.get_input_embeddings().weight.numel()
-    n_body = sum(p.numel() for p in model.parameters()) - head * (1 if model.config.tie_word_embeddings else 2)
-    return side_result(splits, tokens[skip:], (n_body, head), settings, int(trainer.state.global_step), extra={
+    params = common.body_and_head_params(sum(p.numel() for p in model.parameters()),
+                                         *model.get_input_embeddings().weight.shape, model.config.tie_word_embeddings)
+    return side_result(splits, tokens[skip:], params, settings, int(trainer.state.global_step), extra={
         "first_iteration_s": round(times["total"][0], 3), "setup_s": round(setup_s, 3),
         "rss_after_setup_mb": rss_setup, "rss_after_first_iteration_mb": times["rss_first"][0],
         "rss_resident_at_end_mb": psutil.Process().memory_info().rss / 2**20, "prompt_format": fmt,
