@@ -66,14 +66,14 @@ def test_bench_decode_rejects_bad_modes(tmp_path):
 
 
 def test_matmul_floor_times_every_weight_matmul_of_the_model():
-    """The floor's per-layer shapes hold exactly the model's non-embedding matmul weights (the
+    """The floors' per-layer shapes hold exactly the model's non-embedding matmul weights (the
     N of `common.train_flops`), for grouped-query attention with a head_dim of its own."""
-    from kljax.bench import common, decode_floor
+    from kljax.bench import common
     from kljax.models import known_configs
     from kljax.models.config import ModelConfig
 
     for hf in (known_configs.QWEN2_5_0_5B, dict(known_configs.LLAMA_3_1_8B, head_dim=96)):
         config = ModelConfig.from_hf(hf)
-        per_layer = sum(o * i for o, i in decode_floor.decode_matmul_shapes(config))
+        per_layer = sum(o * i for o, i in common.layer_matmul_shapes(config))
         expected = common.train_flops(config, 1, 1, 1)["non_embedding_params"]
         assert config.num_layers * per_layer == expected

@@ -40,6 +40,9 @@ def test_bench_train_writes_speeds_ratio_mfu_and_loss_check(tiny_model, tmp_path
     assert result["settings"]["batch"] == 2 and result["settings"]["seq_len"] == 12
     printed = capsys.readouterr().out
     assert "loss check" in printed and "OK" in printed and "MFU" in printed and "ratio" in printed
+    floor = result["floor"]
+    assert floor["tokens_per_s"] == pytest.approx(2 * 12 / floor["seconds"])
+    assert "matmul floor" in printed
 
 
 def test_bench_train_random_model_without_peer_uses_given_peak(tmp_path):
@@ -48,9 +51,9 @@ def test_bench_train_random_model_without_peer_uses_given_peak(tmp_path):
             "num_key_value_heads=2,vocab_size=128")
     assert main(["bench", "train", "--model", spec, "--batch", "2", "--seq-len", "8", "--response-len", "4",
                  "--repeats", "2", "--warmup", "0", "--no-peer", "--peak-gflops", "1e4", "--no-scan",
-                 "--json", str(out)]) == 0
+                 "--no-floor", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert "peer" not in result and result["loss_check"] is None
+    assert "peer" not in result and result["loss_check"] is None and "floor" not in result
     assert result["settings"]["scan_layers"] is False
     assert result["peak_gflops"] == 1e4 and result["peak"]["source"] == "--peak-gflops"
     assert result["mfu"] == pytest.approx(result["details"]["kljax_gflops"] / 1e4)

@@ -297,6 +297,12 @@ def load_model(spec: str | None, *, export_for_peer: bool, mesh: Any = None, see
     return BenchModel(params, config, hf_dir, spec)
 
 
+def layer_matmul_shapes(config: Any) -> list[tuple[int, int]]:
+    """(out, in) of one layer's weight matmuls: fused q/k/v, output, fused gate/up, down."""
+    d, dh, f = config.hidden_size, config.head_dim, config.intermediate_size
+    return [((config.num_heads + 2 * config.num_kv_heads) * dh, d), (d, config.num_heads * dh), (2 * f, d), (d, f)]
+
+
 def body_and_head_params(n_total: int, vocab_size: int, hidden_size: int, tied: bool) -> tuple[int, int]:
     """(N, H): the non-embedding parameters and the output head's V * D, from the parameter count."""
     head = vocab_size * hidden_size

@@ -28,12 +28,6 @@ import numpy as np
 from kljax.bench import common
 
 
-def decode_matmul_shapes(config: Any) -> list[tuple[int, int]]:
-    """(out, in) of one decode layer's weight matmuls: fused q/k/v, output, fused gate/up, down."""
-    d, dh, f = config.hidden_size, config.head_dim, config.intermediate_size
-    return [((config.num_heads + 2 * config.num_kv_heads) * dh, d), (d, config.num_heads * dh), (2 * f, d), (d, f)]
-
-
 def matmul_floor(params: Any, config: Any, prompts_bp: np.ndarray, new_tokens: int, repeats: int = 3
                  ) -> dict[str, Any]:
     """Median seconds of the prefill and of the N - 1 decode steps' weight matmuls (see the module
@@ -53,7 +47,7 @@ def matmul_floor(params: Any, config: Any, prompts_bp: np.ndarray, new_tokens: i
     dt = config.jnp_dtype
     keys = iter(jax.random.split(jax.random.key(0), 4 * config.num_layers + 1))
     layers = [[(jax.random.normal(next(keys), shape, jnp.float32) * 0.02).astype(dt)
-               for shape in decode_matmul_shapes(config)] for _ in range(config.num_layers)]
+               for shape in common.layer_matmul_shapes(config)] for _ in range(config.num_layers)]
     head = (jax.random.normal(next(keys), (config.vocab_size, config.hidden_size), jnp.float32) * 0.02).astype(dt)
 
     def mm(w: jax.Array, x: jax.Array) -> jax.Array:

@@ -21,7 +21,10 @@ after `--warmup` untimed ones. The sides run one after the other (kljax, then th
 its own warm-up) so that only one side's memory is live at a time. MFU = model FLOPs per update (formula in
 `common.train_flops`) / seconds / peak, the peak measured in the same run (`common.peak_gflops`;
 `--peak-gflops` for a datasheet number). kljax's compile time is reported apart.
-`--breakdown` also times kljax's forward (loss only) and forward + backward alone.
+`--breakdown` also times kljax's forward (loss only) and forward + backward alone. The matmul floor
+(`kljax.bench.train_floor`; `--no-floor` skips it) times the update's weight matmuls alone, forward
+and backward, with kljax's own matmul: no update on these kernels trains faster than its
+`tokens_per_s`, printed beside both sides' speeds and 1.2x the peer's.
 
 Memory (`memory` in the JSON): the process's peak RSS during kljax's phase (load, compile,
 updates) and during the peer's (the high-water mark is reset in between through
@@ -63,6 +66,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="torch threads for the peer (default: the core count)")
     common.add_run_flags(parser)
     parser.add_argument("--breakdown", action="store_true", help="also time kljax's forward and forward+backward")
+    parser.add_argument("--no-floor", action="store_true",
+                        help="skip timing the matmul floor (the update's weight matmuls alone, forward and backward)")
 
 
 def _validate(args: argparse.Namespace) -> None:
@@ -218,6 +223,10 @@ def run(args: argparse.Namespace) -> int:
         details.update(peer=p_stats, peer_gflops=p_gflops)
     if breakdown:
         details["breakdown"] = breakdown
+    if not args.no_floor:
+        from kljax.bench import train_floor
+
+        result["floor"] = train_floor.matmul_floor(config, b, s, r, repeats=min(args.repeats, 3))
     memory = {"kljax_peak_rss_mb": round(rss_kljax_mb, 1),
               "peer_peak_rss_mb": None if rss_peer_mb is None else round(rss_peer_mb, 1),
               "kljax_step_xla_bytes": step_memory, "kljax_device_peak_bytes": device_stats.get("peak_bytes_in_use"),
@@ -299,6 +308,14 @@ def _print(result: dict[str, Any]) -> None:
         line += (f"  transformers {t['tokens_per_s']:8.1f} tok/s [{t['min']:.1f}-{t['max']:.1f}] "
                  f"{d['peer_gflops']:.1f} GFLOP/s MFU {result['peer_mfu']:.3f}  ratio {result['ratio']:.2f}x")
     print(line, flush=True)
+    if "floor" in result:
+        f = result["floor"]
+        line = (f"matmul floor: the update's weight matmuls alone {f['seconds']:.2f} s = {f['tokens_per_s']:.1f} tok/s; "
+                f"kljax at {k['tokens_per_s'] / f['tokens_per_s']:.0%} of it")
+        if "peer" in d:
+            line += (f", transformers at {d['peer']['tokens_per_s'] / f['tokens_per_s']:.0%}; 1.2x transformers "
+                     f"= {1.2 * d['peer']['tokens_per_s'] / f['tokens_per_s']:.0%} of it")
+        print(line, flush=True)
     m = result["memory"]
     gib = lambda v, scale=2**30: "-" if v is None else f"{v / scale:.2f} GiB"
     print(f"memory: kljax step XLA temp {gib(m['kljax_step_xla_bytes'].get('temp'))}; peak RSS kljax "
