@@ -310,7 +310,8 @@ def _print(result: dict[str, Any]) -> None:
     print(line, flush=True)
     if "floor" in result:
         f = result["floor"]
-        line = (f"matmul floor: the update's weight matmuls alone {f['seconds']:.2f} s = {f['tokens_per_s']:.1f} tok/s; "
+        line = (f"matmul floor: the update's weight matmuls alone {f['seconds']:.2f} s = "
+                f"{f['tokens_per_s']:.1f} tok/s; "
                 f"kljax at {k['tokens_per_s'] / f['tokens_per_s']:.0%} of it")
         if "peer" in d:
             line += (f", transformers at {d['peer']['tokens_per_s'] / f['tokens_per_s']:.0%}; 1.2x transformers "
