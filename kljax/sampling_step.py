@@ -176,7 +176,7 @@ def decode_weights(params: Params, config: ModelConfig, *, fuse: bool = True) ->
 # ---------------------------------------------------------------------------------------- step
 
 
-def _mm(w: jax.Array, x: jax.Array) -> jax.Array:
+def weight_matmul(w: jax.Array, x: jax.Array) -> jax.Array:
     """w @ x accumulated in float32, returned in x.dtype. Asking for a float32 result is what makes
     XLA CPU use its bfloat16 kernels; a bf16-out dot is upcast to a float32 dot, weights included."""
     return jnp.dot(w, x, preferred_element_type=jnp.float32).astype(x.dtype)
@@ -224,9 +224,9 @@ def _decode_layer(
     h, kv, dh, eps = config.num_heads, config.num_kv_heads, config.head_dim, config.rms_norm_eps
     normed = _rms_norm(x_dr, w["attn_norm"], eps, axis=0)
     if "qkv" in w:
-        qkv = _mm(w["qkv"], normed)
+        qkv = weight_matmul(w["qkv"], normed)
     else:
-        qkv = jnp.concatenate([_mm(w["q"], normed), _mm(w["k"], normed), _mm(w["v"], normed)], axis=0)
+        qkv = jnp.concatenate([weight_matmul(w[n], normed) for n in ("q", "k", "v")], axis=0)
     if config.qkv_bias:
         qkv = qkv + w["qkv_bias"][:, None]
     q = qkv[: h * dh].reshape(h, dh, r)
@@ -254,15 +254,15 @@ def _decode_layer(
         # falls back to float32 on XLA CPU, converting the weight every step.
         x_dr = x_dr + jnp.dot(attn_rj, w["o"], preferred_element_type=jnp.float32).astype(x_dr.dtype).T
     else:
-        x_dr = x_dr + _mm(w["o"], attn_rj.T)
+        x_dr = x_dr + weight_matmul(w["o"], attn_rj.T)
     if config.o_bias:
         x_dr = x_dr + w["o_bias"][:, None]
     normed = _rms_norm(x_dr, w["mlp_norm"], eps, axis=0)
     if "gate_up" in w:
-        gate, up = jnp.split(_mm(w["gate_up"], normed), 2, axis=0)
+        gate, up = jnp.split(weight_matmul(w["gate_up"], normed), 2, axis=0)
     else:
-        gate, up = _mm(w["gate"], normed), _mm(w["up"], normed)
-    return x_dr + _mm(w["down"], jax.nn.silu(gate) * up), k_cache, v_cache
+        gate, up = weight_matmul(w["gate"], normed), weight_matmul(w["up"], normed)
+    return x_dr + weight_matmul(w["down"], jax.nn.silu(gate) * up), k_cache, v_cache
 
 
 def decode_step(

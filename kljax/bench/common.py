@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import functools
+import itertools
 import json
 import math
 import os
@@ -41,6 +42,30 @@ def timed(fn: Callable[[], Any]) -> Timing:
     t0, c0 = time.perf_counter(), time.process_time()
     fn()
     return time.perf_counter() - t0, time.process_time() - c0
+
+
+def median_seconds(fn: Callable[[], Any], repeats: int) -> float:
+    """fn() once untimed (compile + warm-up), then the median wall seconds of `repeats` timed calls.
+    fn must block until its work is done."""
+    fn()
+    return statistics.median(timed(fn)[0] for _ in range(repeats))
+
+
+def normal_init(dtype: Any, seed: int = 0, std: float = 0.02) -> Callable[[tuple[int, ...]], Any]:
+    """shape -> a fresh N(0, std^2) array in `dtype` (drawn in float32), a new key each call."""
+    import jax
+    import jax.numpy as jnp
+
+    counter = itertools.count()
+    base = jax.random.key(seed)
+    return lambda shape: (jax.random.normal(jax.random.fold_in(base, next(counter)), shape, jnp.float32)
+                          * std).astype(dtype)
+
+
+def check_peak_gflops(value: float | None) -> None:
+    """--peak-gflops, when given, must be a positive number."""
+    if value is not None and not value > 0:
+        raise ValueError(f"--peak-gflops must be > 0, got {value}")
 
 
 def throughput(units: float, timings: Sequence[Timing]) -> dict[str, Any]:
@@ -209,8 +234,7 @@ def measure_matmul_peak(dtype: str = "float32", size: int | None = None, repeats
 def peak_gflops(override: float | None, dtype: str) -> dict[str, Any]:
     """The MFU denominator: `override` (a datasheet number) if given, else measured now."""
     if override is not None:
-        if not override > 0:
-            raise ValueError(f"--peak-gflops must be > 0, got {override}")
+        check_peak_gflops(override)
         return {"gflops": float(override), "source": "--peak-gflops"}
     # In the run's own dtype. Before 2026-12-01 CPU runs were measured against float32, on the
     # premise that XLA CPU has no fast bfloat16 matmul; with float32 accumulation (as the model's

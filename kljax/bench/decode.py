@@ -69,8 +69,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def _validate(args: argparse.Namespace) -> list[str]:
     modes = common.parse_subset(args.modes, MODES, "--modes")
     common.check_counts(args, ("batch", "prompt_len", "new_tokens", "repeats"))
-    if args.peak_gflops is not None and not args.peak_gflops > 0:
-        raise ValueError(f"--peak-gflops must be > 0, got {args.peak_gflops}")
+    common.check_peak_gflops(args.peak_gflops)
     return modes
 
 

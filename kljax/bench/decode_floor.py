@@ -20,7 +20,6 @@ GFLOP/s at 32 columns), so the floor is not specific to XLA.
 from __future__ import annotations
 
 import functools
-import statistics
 from typing import Any
 
 import numpy as np
@@ -36,7 +35,7 @@ def matmul_floor(params: Any, config: Any, prompts_bp: np.ndarray, new_tokens: i
     import jax.numpy as jnp
 
     from kljax.models.transformer import positions_from_mask
-    from kljax.sampling_step import prefill
+    from kljax.sampling_step import prefill, weight_matmul
 
     b = prompts_bp.shape[0]
     tokens = jnp.asarray(prompts_bp)
@@ -45,21 +44,17 @@ def matmul_floor(params: Any, config: Any, prompts_bp: np.ndarray, new_tokens: i
     positions = positions_from_mask(mask)
 
     dt = config.jnp_dtype
-    keys = iter(jax.random.split(jax.random.key(0), 4 * config.num_layers + 1))
-    layers = [[(jax.random.normal(next(keys), shape, jnp.float32) * 0.02).astype(dt)
-               for shape in common.layer_matmul_shapes(config)] for _ in range(config.num_layers)]
-    head = (jax.random.normal(next(keys), (config.vocab_size, config.hidden_size), jnp.float32) * 0.02).astype(dt)
-
-    def mm(w: jax.Array, x: jax.Array) -> jax.Array:
-        return jnp.dot(w, x, preferred_element_type=jnp.float32).astype(x.dtype)
+    normal = common.normal_init(dt)
+    layers = [[normal(shape) for shape in common.layer_matmul_shapes(config)] for _ in range(config.num_layers)]
+    head = normal((config.vocab_size, config.hidden_size))
 
     def step(_: Any, carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
         x, logits = carry
         for qkv, o, gate_up, down in layers:
             # the barriers keep XLA from narrowing a dot to the rows sliced from it
-            x = x + mm(o, jax.lax.optimization_barrier(mm(qkv, x))[: o.shape[1]])
-            gate, up = jnp.split(jax.lax.optimization_barrier(mm(gate_up, x)), 2)
-            x = x + mm(down, gate * up)
+            x = x + weight_matmul(o, jax.lax.optimization_barrier(weight_matmul(qkv, x))[: o.shape[1]])
+            gate, up = jnp.split(jax.lax.optimization_barrier(weight_matmul(gate_up, x)), 2)
+            x = x + weight_matmul(down, gate * up)
         logits = jnp.dot(head, x, preferred_element_type=jnp.float32)
         return x + logits[: x.shape[0]].astype(x.dtype) * 1e-3, logits
 
@@ -71,10 +66,7 @@ def matmul_floor(params: Any, config: Any, prompts_bp: np.ndarray, new_tokens: i
     x = jnp.ones((config.hidden_size, b), dt)
     phases = {"prefill_s": lambda: run_prefill(params, tokens, mask, positions)[0].block_until_ready(),
               "decode_matmul_s": lambda: run_decode(x).block_until_ready()}
-    out: dict[str, Any] = {}
-    for name, fn in phases.items():
-        fn()  # compile + warm-up
-        out[name] = statistics.median(common.timed(fn)[0] for _ in range(repeats))
+    out: dict[str, Any] = {name: common.median_seconds(fn, repeats) for name, fn in phases.items()}
     out["seconds"] = out["prefill_s"] + out["decode_matmul_s"]
     out["tokens_per_s"] = b * new_tokens / out["seconds"]
     return out

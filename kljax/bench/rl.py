@@ -127,8 +127,7 @@ def _validate(args: argparse.Namespace) -> dict[str, Any]:
     threads = len(cpus) if args.threads is None else args.threads
     if not 1 <= threads <= len(cpus):
         raise ValueError(f"--threads must be between 1 and the {len(cpus)} available CPUs, got {args.threads}")
-    if args.peak_gflops is not None and not args.peak_gflops > 0:
-        raise ValueError(f"--peak-gflops must be > 0, got {args.peak_gflops}")
+    common.check_peak_gflops(args.peak_gflops)
     model = args.model
     if model and not model.startswith(common.RANDOM_PREFIX) and not (Path(model) / "config.json").is_file():
         raise ValueError(f"--model {model!r} is neither an HF checkpoint directory (no config.json) nor "

@@ -72,8 +72,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def _validate(args: argparse.Namespace) -> None:
     common.check_counts(args, ("batch", "seq_len", "response_len", "repeats"))
-    if args.peak_gflops is not None and not args.peak_gflops > 0:
-        raise ValueError(f"--peak-gflops must be > 0, got {args.peak_gflops}")
+    common.check_peak_gflops(args.peak_gflops)
     if args.response_len >= args.seq_len:
         raise ValueError(f"--response-len {args.response_len} must be < --seq-len {args.seq_len} "
                          "(at least one prompt token)")
@@ -286,9 +285,7 @@ def _breakdown(update: KljaxRLStep, repeats: int, steps: list) -> dict[str, floa
     out = {}
     for name, fn in fns.items():
         with jax.set_mesh(mesh):
-            jax.block_until_ready(fn(params, batch))
-            out[name] = statistics.median(
-                common.timed(lambda fn=fn: jax.block_until_ready(fn(params, batch)))[0] for _ in range(repeats))
+            out[name] = common.median_seconds(lambda fn=fn: jax.block_until_ready(fn(params, batch)), repeats)
     out["update_s"] = statistics.median(w for w, _ in steps)
     out["backward_s"] = out["forward_backward_s"] - out["forward_s"]
     out["optimizer_s"] = out["update_s"] - out["forward_backward_s"]

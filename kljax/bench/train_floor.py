@@ -17,7 +17,6 @@ the peer is reachable at all is a measurement.
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 from kljax.bench import common
@@ -33,8 +32,7 @@ def matmul_floor(config: Any, batch: int, seq_len: int, response_len: int, repea
 
     dt = config.jnp_dtype
     tokens, head_rows = batch * seq_len, batch * response_len
-    keys = iter(jax.random.split(jax.random.key(0), 4 * config.num_layers + 2))
-    normal = lambda shape: (jax.random.normal(next(keys), shape, jnp.float32) * 0.02).astype(dt)
+    normal = common.normal_init(dt)
     # layer_matmul_shapes gives (out, in); the train step's weights are [in, out]
     layers = [[normal((i, o)) for o, i in common.layer_matmul_shapes(config)] for _ in range(config.num_layers)]
     head = normal((config.hidden_size, config.vocab_size))
@@ -49,7 +47,5 @@ def matmul_floor(config: Any, batch: int, seq_len: int, response_len: int, repea
         return jnp.sum(matmul(x[:head_rows], head).astype(jnp.float32))
 
     grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-    run = lambda: jax.block_until_ready(grads(layers, head, x))
-    run()  # compile + warm-up
-    seconds = statistics.median(common.timed(run)[0] for _ in range(repeats))
+    seconds = common.median_seconds(lambda: jax.block_until_ready(grads(layers, head, x)), repeats)
     return {"seconds": seconds, "tokens_per_s": tokens / seconds}
