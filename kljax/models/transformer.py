@@ -48,12 +48,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from kljax.models.attention import attention
 from kljax.models.config import ModelConfig
-from kljax.models.matmul import einsum, project
+from kljax.models.matmul import project
+from kljax.models.vocab_logprobs import vocab_logprobs
 from kljax.sharding import constrain_batch
 
 Params = dict[str, Any]
-_NEG = -1e30  # finite, so fully masked rows give uniform attention instead of NaN
 
 
 # ---------------------------------------------------------------------------------------- params
@@ -235,31 +236,6 @@ def _apply_rope(x_bthk: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return out.astype(x_bthk.dtype)
 
 
-def _attention(q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Array, allowed_bts: jax.Array) -> jax.Array:
-    """Grouped-query attention; q [B, T, H, Dh], k/v [B, S, Kv, Dh] -> [B, T, H, Dh].
-
-    Heads-major inside: the G = H / Kv query heads sharing a key head are stacked as rows, so each
-    (b, kv-head) pair is one [G*T, Dh] x [Dh, S] matmul on operands already in matmul layout (XLA CPU
-    otherwise transposes inside every batched dot, forward and backward).
-    """
-    b, t, h, dh = q_bthk.shape
-    s, kv = k_bsgk.shape[1], k_bsgk.shape[2]
-    g = h // kv
-    q = q_bthk.reshape(b, t, kv, g, dh).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, dh)
-    k, v = k_bsgk.transpose(0, 2, 1, 3), v_bsgk.transpose(0, 2, 1, 3)
-    scores = jnp.einsum("bkmd,bksd->bkms", q, k, preferred_element_type=jnp.float32).reshape(b, kv, g, t, s)
-    scores = jnp.where(allowed_bts[:, None, None], scores * (dh**-0.5), _NEG)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, kv, g * t, s)
-    out = einsum("bkms,bksd->bkmd", probs, v).reshape(b, kv, g, t, dh)
-    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, dh)
-
-
-# The attention probabilities [B, Kv, G T, S] are recomputed in the backward pass, not kept for it:
-# measured on a SmolLM2 update at 16 x 256 on CPU, 26.3 -> 24.2 s and 2 GiB less XLA temp memory (the
-# kept probabilities of all layers are large, and scan writes them into stacked buffers it first zeroes).
-_attention_recomputed = jax.checkpoint(_attention, prevent_cse=False)
-
-
 def _layer(
     x_btd: jax.Array,
     lp: Params,
@@ -290,7 +266,7 @@ def _layer(
         cache_kv = (ck, cv)
     else:
         keys, values = k, v
-    attn = _attention_recomputed(q, keys, values, allowed_bts)
+    attn = attention(q, keys, values, allowed_bts)
     x_btd = x_btd + project(attn, w("o"), 2)
     if config.o_bias:
         x_btd = x_btd + w("o_bias")
@@ -427,8 +403,9 @@ def logprobs_from_hidden(
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Per-token log p(target) [B, T] float32 (and entropy [B, T]) in chunks of `chunk_size` tokens.
 
-    Each chunk is projected to [B, chunk, V] float32 logits inside `lax.map` under `jax.checkpoint`,
-    so neither the forward nor the backward pass ever holds the full [B, T, V] logits.
+    Each chunk's [B, chunk, V] float32 logits are formed inside `lax.map` by
+    `vocab_logprobs.vocab_logprobs`, whose backward recomputes them: neither the forward nor the
+    backward pass ever holds the full [B, T, V] logits.
     """
     b, t, d = hidden_btd.shape
     c = max(1, min(chunk_size, t))
@@ -436,20 +413,15 @@ def logprobs_from_hidden(
     pad = n * c - t
     h = jnp.pad(hidden_btd, ((0, 0), (0, pad), (0, 0))).reshape(b, n, c, d).swapaxes(0, 1)
     tg = jnp.pad(targets_bt, ((0, 0), (0, pad))).reshape(b, n, c).swapaxes(0, 1)
+    tied = config.tie_embeddings
+    w = (params["embed"] if tied else params["lm_head"]).astype(config.jnp_dtype)
 
-    @jax.checkpoint
     def chunk(args):
         h_bcd, t_bc = args
-        h_bcd = constrain_batch(h_bcd)
-        logits = logits_from_hidden(params, h_bcd, config)
-        if temperature != 1.0:
-            logits = logits / temperature
-        lse = jax.nn.logsumexp(logits, axis=-1)
-        logp = jnp.take_along_axis(logits, t_bc[..., None], axis=-1)[..., 0] - lse
-        if not with_entropy:
-            return logp, jnp.zeros_like(logp)
-        probs = jnp.exp(logits - lse[..., None])
-        return logp, lse - jnp.sum(probs * logits, axis=-1)
+        h_bcd = constrain_batch(h_bcd).astype(config.jnp_dtype)
+        logp, ent = vocab_logprobs(h_bcd.reshape(b * c, d), w, t_bc.reshape(b * c), tied, float(temperature),
+                                   with_entropy)
+        return logp.reshape(b, c), ent.reshape(b, c)
 
     logp, entropy = jax.lax.map(chunk, (h, tg))
     logp = logp.swapaxes(0, 1).reshape(b, n * c)[:, :t]
