@@ -77,3 +77,16 @@ def test_grouping_of_heads_is_the_plain_repeat(kv):
     ref = jax.grad(_loss(_plain, allowed, cot), argnums=(1, 2))(q, k, v)
     for x, y in zip(ours, ref, strict=True):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-5)
+
+
+def test_blocks_of_batch_rows_equal_the_whole_batch(monkeypatch):
+    import kljax.models.attention as attn
+
+    q, k, v, allowed, cot = _inputs(jnp.float32)
+    grad = lambda: jax.grad(_loss(attention, allowed, cot), argnums=(0, 1, 2))(q, k, v)
+    monkeypatch.setattr(attn, "CPU_SCORES_BLOCK", 1 << 40)
+    whole_out, whole_grads = attention(q, k, v, allowed), grad()
+    monkeypatch.setattr(attn, "CPU_SCORES_BLOCK", 1)  # one batch row per block (on CPU)
+    assert attn.cpu_batch_group(B, H * T * T) == (1 if jax.default_backend() == "cpu" else B)
+    for x, y in zip((attention(q, k, v, allowed), *grad()), (whole_out, *whole_grads), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
