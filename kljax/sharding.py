@@ -110,6 +110,13 @@ def logical_to_sharding(
     )
 
 
+def on_one_cpu_device() -> bool:
+    """True when the computation being traced runs on CPU and not under a mesh of more than one
+    device: where work may be split into blocks along the batch without cutting across shards."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return jax.default_backend() == "cpu" and (mesh.empty or mesh.size == 1)
+
+
 def constrain_batch(x: jax.Array) -> jax.Array:
     """Shard an activation's leading (batch) dim over the (data, fsdp) axes of the mesh in context.
 

@@ -1,12 +1,11 @@
 """`attention`: values and hand-written backward against autodiff of the plain softmax attention,
 grouped heads, causal and padding masks (a fully masked row included), float32 and bfloat16."""
 
-import re
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hlo_dots import dot_operand_types
 
 from kljax.models.attention import NEG, attention
 
@@ -59,11 +58,10 @@ def test_bfloat16_gradients_are_close_and_dots_keep_bfloat16_operands():
     if jax.default_backend() != "cpu":
         return
     hlo = fn.lower(q, k, v).compile().as_text()
-    types = {m.group(1): m.group(2) for m in re.finditer(r"%([\w.\-]+) = (\w+)\[[\d,]*\]", hlo)}
-    dots = re.findall(r"= \w+\[[\d,]*\]\{[\d,]*\} dot\(%([\w.\-]+), %([\w.\-]+)\)", hlo)
+    dots = dot_operand_types(hlo)
     assert len(dots) >= 5  # the scores (recomputed), dp, dq, dk, dv
-    for lhs, rhs in dots:
-        assert (types[lhs], types[rhs]) == ("bf16", "bf16"), hlo
+    for types in dots:
+        assert types == ("bf16", "bf16"), hlo
 
 
 @pytest.mark.parametrize("kv", [1, 3, 6])

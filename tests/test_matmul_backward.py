@@ -2,11 +2,10 @@
 gradients as autodiff of a plain dot, and on CPU bfloat16 dots that stay bfloat16 (XLA CPU turns
 a dot with a column-major 16-bit operand into a float32 dot, about 4x slower here)."""
 
-import re
-
 import jax
 import jax.numpy as jnp
 import numpy as np
+from hlo_dots import dot_operand_types
 
 from kljax.models import matmul as mm
 
@@ -38,11 +37,7 @@ def test_gradients_equal_autodiff_of_a_plain_dot():
 def test_bfloat16_backward_dots_keep_bfloat16_operands_on_cpu():
     x, w, r = _inputs(jnp.bfloat16)
     hlo = jax.jit(jax.grad(_loss(mm.matmul), argnums=(0, 1))).lower(x, w, r).compile().as_text()
-    # every dot, fused or not: the element types of its two operands
-    shapes = {}
-    for m in re.finditer(r"%([\w.\-]+) = (\w+)\[[\d,]*\]", hlo):
-        shapes.setdefault(m.group(1), m.group(2))
-    dots = re.findall(r"= \w+\[[\d,]*\]\{[\d,]*\} dot\(%([\w.\-]+), %([\w.\-]+)\)", hlo)
+    dots = dot_operand_types(hlo)
     assert len(dots) == 2  # dx and dw (the forward's output is not needed for the gradient)
-    for lhs, rhs in dots:
-        assert (shapes[lhs], shapes[rhs]) == ("bf16", "bf16"), hlo
+    for types in dots:
+        assert types == ("bf16", "bf16"), hlo

@@ -2,12 +2,11 @@
 (log-softmax over the vocabulary), tied and untied, with temperature and entropy, on one block of
 rows and on several (the CPU row blocks), and bfloat16 products that stay bfloat16."""
 
-import re
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hlo_dots import dot_operand_types
 
 from kljax.models import vocab_logprobs as vl
 
@@ -90,8 +89,7 @@ def test_bfloat16_gradient_is_close_and_its_dots_keep_bfloat16_operands(vocab_ma
     if jax.default_backend() != "cpu":
         return
     hlo = fn.lower(h, w, t, a, b).compile().as_text()
-    types = {m.group(1): m.group(2) for m in re.finditer(r"%([\w.\-]+) = (\w+)\[[\d,]*\]", hlo)}
-    dots = re.findall(r"= \w+\[[\d,]*\]\{[\d,]*\} dot\(%([\w.\-]+), %([\w.\-]+)\)", hlo)
+    dots = dot_operand_types(hlo)
     assert len(dots) >= 3  # the logits (forward, maybe recomputed), dh and dW
-    for lhs, rhs in dots:
-        assert (types[lhs], types[rhs]) == ("bf16", "bf16"), hlo
+    for types in dots:
+        assert types == ("bf16", "bf16"), hlo

@@ -30,38 +30,48 @@ import jax
 import jax.numpy as jnp
 
 from kljax.models.matmul import row_major
+from kljax.sharding import on_one_cpu_device
 
 NEG = -1e30
 CPU_SCORES_BLOCK = 1 << 21  # float32 score elements per block of batch rows on CPU (8 MB)
 
 
-def _heads_major(q_bthk: jax.Array, k_bsgk: jax.Array, v_bsgk: jax.Array):
-    """q [B, Kv, G T, Dh], k / v [B, Kv, S, Dh], each laid out row-major."""
-    b, t, h, dh = q_bthk.shape
-    kv = k_bsgk.shape[2]
-    q = q_bthk.reshape(b, t, kv, h // kv, dh).transpose(0, 2, 3, 1, 4).reshape(b, kv, h // kv * t, dh)
-    # row-major copies: XLA CPU turns a 16-bit dot with a transposed operand into a float32 dot
-    return row_major(q), row_major(k_bsgk.transpose(0, 2, 1, 3)), row_major(v_bsgk.transpose(0, 2, 1, 3))
+def _rows_major(x_bthk: jax.Array, kv: int) -> jax.Array:
+    """q-shaped [B, T, H, Dh] -> [B, Kv, G T, Dh], row-major (the G heads sharing a kv head as rows).
+
+    Row-major copies here and in `_kv_major`: XLA CPU turns a 16-bit dot with a transposed operand
+    into a float32 dot."""
+    b, t, h, dh = x_bthk.shape
+    return row_major(x_bthk.reshape(b, t, kv, h // kv, dh).transpose(0, 2, 3, 1, 4).reshape(b, kv, h // kv * t, dh))
+
+
+def _kv_major(x_bsgk: jax.Array) -> jax.Array:
+    """k / v [B, S, Kv, Dh] -> [B, Kv, S, Dh], row-major."""
+    return row_major(x_bsgk.transpose(0, 2, 1, 3))
 
 
 def _tokens_major(x_bkmd: jax.Array, t: int) -> jax.Array:
-    """[B, Kv, G T, Dh] -> [B, T, Kv G, Dh] (the inverse of `_heads_major` for q)."""
+    """[B, Kv, G T, Dh] -> [B, T, Kv G, Dh] (the inverse of `_rows_major`)."""
     b, kv, m, dh = x_bkmd.shape
     return x_bkmd.reshape(b, kv, m // t, t, dh).transpose(0, 3, 1, 2, 4).reshape(b, t, kv * (m // t), dh)
 
 
+def _where_allowed(x_bkms: jax.Array, allowed_bts: jax.Array, g: int, fill: float) -> jax.Array:
+    """x [B, Kv, G T, S] where allowed[b, t, s] (for each of the G heads of row t), else fill."""
+    b, kv, m, s_len = x_bkms.shape
+    x = x_bkms.reshape(b, kv, g, m // g, s_len)
+    return jnp.where(allowed_bts[:, None, None], x, fill).reshape(b, kv, m, s_len)
+
+
 def _scores(q, k, allowed_bts, g: int) -> jax.Array:
     """s [B, Kv, G T, S] float32, masked."""
-    b, kv, m, dh = q.shape
-    t, s_len = allowed_bts.shape[1], allowed_bts.shape[2]
-    s = jnp.einsum("bkmd,bksd->bkms", q, k, preferred_element_type=jnp.float32).reshape(b, kv, g, t, s_len)
-    s = jnp.where(allowed_bts[:, None, None], s * (dh**-0.5), NEG)
-    return s.reshape(b, kv, m, s_len)
+    s = jnp.einsum("bkmd,bksd->bkms", q, k, preferred_element_type=jnp.float32) * (q.shape[-1] ** -0.5)
+    return _where_allowed(s, allowed_bts, g, NEG)
 
 
 def _forward_whole(q_bthk, k_bsgk, v_bsgk, allowed_bts):
     t, h, kv = q_bthk.shape[1], q_bthk.shape[2], k_bsgk.shape[2]
-    q, k, v = _heads_major(q_bthk, k_bsgk, v_bsgk)
+    q, k, v = _rows_major(q_bthk, kv), _kv_major(k_bsgk), _kv_major(v_bsgk)
     s = _scores(q, k, allowed_bts, h // kv)
     m = jnp.max(s, axis=-1)
     e = jnp.exp(s - m[..., None])
@@ -75,8 +85,7 @@ def cpu_batch_group(b: int, scores_per_row: int) -> int:
     """Batch rows per block on one CPU device: the largest divisor of b whose float32 scores fit
     in `CPU_SCORES_BLOCK` elements (at least 1); b elsewhere, or under a mesh of more than one
     device (whose batch sharding the blocks would cut across)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if jax.default_backend() != "cpu" or (not mesh.empty and mesh.size > 1):
+    if not on_one_cpu_device():
         return b
     most = max(1, CPU_SCORES_BLOCK // max(1, scores_per_row))
     return max(c for c in range(1, min(b, most) + 1) if b % c == 0)
@@ -119,18 +128,15 @@ def _bwd(res, dout_bthk):
 def _bwd_whole(q_bthk, k_bsgk, v_bsgk, allowed_bts, out_bthk, m, lsum, dout_bthk):
     t, h, kv, dh = q_bthk.shape[1], q_bthk.shape[2], k_bsgk.shape[2], q_bthk.shape[3]
     dt = v_bsgk.dtype
-    q, k, v = _heads_major(q_bthk, k_bsgk, v_bsgk)
-    dout = _heads_major(dout_bthk.astype(dt), k_bsgk, v_bsgk)[0]
-    out = _heads_major(out_bthk, k_bsgk, v_bsgk)[0]
+    q, k, v = _rows_major(q_bthk, kv), _kv_major(k_bsgk), _kv_major(v_bsgk)
+    dout, out = _rows_major(dout_bthk.astype(dt), kv), _rows_major(out_bthk, kv)
     s = _scores(q, k, allowed_bts, h // kv)
     p = jnp.exp(s - m[..., None]) / lsum[..., None]
     p16 = p.astype(dt)
     dp = jnp.einsum("bkmd,bksd->bkms", dout, v, preferred_element_type=jnp.float32)
     delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
-    ds = p * (dp - delta[..., None]) * (dh**-0.5)
-    b, _, mrows, s_len = ds.shape  # masked scores are constants: no gradient (p is not 0 there in a fully masked row)
-    allowed = jnp.broadcast_to(allowed_bts[:, None, None], (b, kv, h // kv, t, s_len)).reshape(ds.shape)
-    ds = jnp.where(allowed, ds, 0.0).astype(dt)
+    # masked scores are constants: no gradient (p is not 0 there in a fully masked row)
+    ds = _where_allowed(p * (dp - delta[..., None]) * (dh**-0.5), allowed_bts, h // kv, 0.0).astype(dt)
     dq = jnp.einsum("bkms,bksd->bkmd", ds, k, preferred_element_type=jnp.float32)
     mt = lambda x: jnp.swapaxes(x, -1, -2)
     dk = mt(jnp.einsum("bkdm,bkms->bkds", row_major(mt(q)), ds, preferred_element_type=jnp.float32))

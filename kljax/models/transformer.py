@@ -51,7 +51,7 @@ from jax.sharding import PartitionSpec
 from kljax.models.attention import attention
 from kljax.models.config import ModelConfig
 from kljax.models.matmul import project
-from kljax.models.vocab_logprobs import vocab_logprobs
+from kljax.models.vocab_logprobs import vocab_logits, vocab_logprobs
 from kljax.sharding import constrain_batch
 
 Params = dict[str, Any]
@@ -350,14 +350,16 @@ def forward_hidden(
     return x, new_cache
 
 
+def head_weight(params: Params, config: ModelConfig) -> tuple[jax.Array, bool]:
+    """(the unembedding in the compute dtype, vocab_major): the tied embedding [V, D] (True) or the
+    untied lm_head [D, V] (False)."""
+    tied = config.tie_embeddings
+    return (params["embed"] if tied else params["lm_head"]).astype(config.jnp_dtype), tied
+
+
 def logits_from_hidden(params: Params, hidden_btd: jax.Array, config: ModelConfig) -> jax.Array:
     """Project hidden states [..., D] to float32 logits [..., V] (tied or untied unembedding)."""
-    h = hidden_btd.astype(config.jnp_dtype)
-    if config.tie_embeddings:
-        w = params["embed"].astype(config.jnp_dtype)
-        return jnp.einsum("...d,vd->...v", h, w, preferred_element_type=jnp.float32)
-    w = params["lm_head"].astype(config.jnp_dtype)
-    return jnp.einsum("...d,dv->...v", h, w, preferred_element_type=jnp.float32)
+    return vocab_logits(hidden_btd.astype(config.jnp_dtype), *head_weight(params, config))
 
 
 def apply(
@@ -413,13 +415,12 @@ def logprobs_from_hidden(
     pad = n * c - t
     h = jnp.pad(hidden_btd, ((0, 0), (0, pad), (0, 0))).reshape(b, n, c, d).swapaxes(0, 1)
     tg = jnp.pad(targets_bt, ((0, 0), (0, pad))).reshape(b, n, c).swapaxes(0, 1)
-    tied = config.tie_embeddings
-    w = (params["embed"] if tied else params["lm_head"]).astype(config.jnp_dtype)
+    w, vocab_major = head_weight(params, config)
 
     def chunk(args):
         h_bcd, t_bc = args
         h_bcd = constrain_batch(h_bcd).astype(config.jnp_dtype)
-        logp, ent = vocab_logprobs(h_bcd.reshape(b * c, d), w, t_bc.reshape(b * c), tied, float(temperature),
+        logp, ent = vocab_logprobs(h_bcd.reshape(b * c, d), w, t_bc.reshape(b * c), vocab_major, float(temperature),
                                    with_entropy)
         return logp.reshape(b, c), ent.reshape(b, c)
 

@@ -28,13 +28,14 @@ import jax
 import jax.numpy as jnp
 
 from kljax.models.matmul import row_major
+from kljax.sharding import on_one_cpu_device
 
 CPU_ROW_BLOCK = 128  # rows per block of the vocabulary reductions on CPU (cache-sized: 128 x V float32)
 
 
-def _logits(h_nd: jax.Array, w: jax.Array, vocab_major: bool, temperature: float) -> jax.Array:
-    """z [N, V] float32 = (h W^T) / temperature, W [V, D] if vocab_major else [D, V]."""
-    spec = "nd,vd->nv" if vocab_major else "nd,dv->nv"
+def vocab_logits(h_nd: jax.Array, w: jax.Array, vocab_major: bool, temperature: float = 1.0) -> jax.Array:
+    """z [..., V] float32 = (h W^T) / temperature for h [..., D], W [V, D] if vocab_major else [D, V]."""
+    spec = "...d,vd->...v" if vocab_major else "...d,dv->...v"
     z = jnp.einsum(spec, h_nd, w, preferred_element_type=jnp.float32)
     return z if temperature == 1.0 else z / temperature
 
@@ -57,8 +58,7 @@ def _row_blocks(z_nv: jax.Array, with_entropy: bool) -> tuple[jax.Array, jax.Arr
     one device, whose batch sharding the blocks would cut across, or when the rows do not divide)."""
     n, v = z_nv.shape
     rows = CPU_ROW_BLOCK
-    mesh = jax.sharding.get_abstract_mesh()
-    if jax.default_backend() != "cpu" or (not mesh.empty and mesh.size > 1) or n <= rows or n % rows:
+    if not on_one_cpu_device() or n <= rows or n % rows:
         return _stats(z_nv, with_entropy)
     lse, ent = jax.lax.map(lambda zb: _stats(zb, with_entropy), z_nv.reshape(n // rows, rows, v))
     return lse.reshape(n), ent.reshape(n)
@@ -76,7 +76,7 @@ def vocab_logprobs(
 
 
 def _forward(h_nd, w, targets_n, vocab_major, temperature, with_entropy):
-    z = _logits(h_nd, w, vocab_major, temperature)
+    z = vocab_logits(h_nd, w, vocab_major, temperature)
     lse, ent = _row_blocks(z, with_entropy)
     logp = jnp.take_along_axis(z, targets_n[:, None], axis=-1)[:, 0] - lse
     return logp, ent, lse
@@ -94,7 +94,7 @@ def _bwd(vocab_major, temperature, with_entropy, res, cotangents):
     zero = lambda g: isinstance(g, jax.custom_derivatives.SymbolicZero)
     if zero(g_logp):
         g_logp = jnp.zeros_like(lse)
-    z = _logits(h_nd, w, vocab_major, temperature)
+    z = vocab_logits(h_nd, w, vocab_major, temperature)
     p = jnp.exp(z - lse[:, None])
     hit = jnp.arange(z.shape[-1], dtype=targets_n.dtype)[None] == targets_n[:, None]
     gz = g_logp[:, None] * (hit.astype(jnp.float32) - p)
