@@ -9,6 +9,8 @@ the 4096 rows of a 16 x 256 batch in a bfloat16-typed reduce, which XLA CPU rewr
 of reduce-windows (~4.6 ns an element, rounding to bfloat16 at every step): 531 ms of a 8.6 s
 SmolLM2-135M update. Only the product by w is custom: a hand-written backward for all of RMSNorm
 made XLA hand its dx to YNNPACK with every operand materialized in float32, and was no faster.
+Only 16-bit x takes the custom product: the slow reduce was bfloat16-typed, and float32 keeps
+autodiff's (no gain measured there).
 `tests/test_rms_norm.py` checks values and gradients against autodiff of the plain formula.
 """
 
@@ -23,15 +25,18 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     (cast to x.dtype)."""
     x32 = x.astype(jnp.float32)
     xn = (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
-    if x.dtype.itemsize != 2:  # measured only for 16-bit; float32 keeps autodiff's reduce
-        return weight.astype(x.dtype) * xn
-    return _scale(xn, weight)
+    return _scale(xn, weight) if x.dtype.itemsize == 2 else _times(xn, weight)
+
+
+def _times(xn: jax.Array, weight: jax.Array) -> jax.Array:
+    """weight.astype(xn.dtype) * xn, weight [D] over xn [..., D]."""
+    return weight.astype(xn.dtype) * xn
 
 
 @jax.custom_vjp
 def _scale(xn: jax.Array, weight: jax.Array) -> jax.Array:
-    """weight.astype(xn.dtype) * xn, weight [D] over xn [..., D]."""
-    return weight.astype(xn.dtype) * xn
+    """`_times` with the float32 row-sum weight gradient of `_scale_bwd`."""
+    return _times(xn, weight)
 
 
 def _scale_fwd(xn: jax.Array, weight: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:

@@ -223,8 +223,9 @@ def _rope_tables(positions_bt: jax.Array, config: ModelConfig) -> tuple[jax.Arra
     cs = jnp.stack([jnp.cos(angles), jnp.sin(angles)])
     # Materialized once: an identity reduce_precision (float32 to float32) is what XLA CPU will not
     # fuse into the consumers. Fused, every rotation of q and k, forward and backward, recomputed
-    # cos and sin for each of its elements: 386 ms of a 8.6 s bf16 SmolLM2 update (an
-    # optimization_barrier does not stop that fusion on CPU).
+    # cos and sin for each of its elements: the rotation fusions took 386 ms of a 8.6 s bf16
+    # SmolLM2 update, 238 ms with the tables materialized (an optimization_barrier does not stop
+    # that fusion on CPU).
     cs = jax.lax.reduce_precision(cs, exponent_bits=8, mantissa_bits=23)
     return cs[0][:, :, None, :], cs[1][:, :, None, :]
 
@@ -275,13 +276,13 @@ def _layer(
     return x_btd + project(gated, w("down"), 1), cache_kv
 
 
-def _unstacked(layers: Params, config: ModelConfig) -> list[Params]:
+def _unstacked(layers: Params) -> list[Params]:
     """params["layers"] as one tree per layer, by `jnp.unstack`: its transpose stacks the layers'
     gradients in one pass (indexing a[i] instead transposes to 30 pads summed, which XLA CPU fused
     into one loop reading all 30 per element: 484 ms of a 8.6 s bf16 SmolLM2 update)."""
     leaves, treedef = jax.tree.flatten(layers)
-    parts = [jnp.unstack(a) for a in leaves]
-    return [treedef.unflatten([p[i] for p in parts]) for i in range(config.num_layers)]
+    per_leaf = [jnp.unstack(a) for a in leaves]
+    return [treedef.unflatten(list(ps)) for ps in zip(*per_leaf, strict=True)]
 
 
 def _remat(fn: Callable, config: ModelConfig) -> Callable:
@@ -352,7 +353,7 @@ def forward_hidden(
     elif config.scan_layers:
         (x, cache_kv), _ = jax.lax.scan(body, (x, cache_kv), (layers, jnp.arange(config.num_layers)))
     else:
-        for i, lp in enumerate(_unstacked(layers, config)):
+        for i, lp in enumerate(_unstacked(layers)):
             (x, cache_kv), _ = body((x, cache_kv), (lp, i))
     x = rms_norm(x, params["final_norm"], config.rms_norm_eps)
     new_cache = None if cache is None else KVCache(cache_kv[0], cache_kv[1], key_mask)
