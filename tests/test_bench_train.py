@@ -43,6 +43,23 @@ def test_bench_train_writes_speeds_ratio_mfu_and_loss_check(tiny_model, tmp_path
     floor = result["floor"]
     assert floor["tokens_per_s"] == pytest.approx(2 * 12 / floor["seconds"])
     assert "matmul floor" in printed
+    for side in ("kljax_kernel", "peer_kernel"):
+        usage = details[side]
+        assert usage["sys_s_per_run"] >= 0 and usage["minor_faults_per_run"] >= 0
+    assert "kernel time per update" in printed
+
+
+def test_kernel_usage_counts_the_page_faults_of_fresh_memory():
+    """64 MiB allocated and touched per run (above glibc's mmap threshold, so fresh pages each
+    time) faults in at least a page per 2 MiB, more than a run that allocates nothing."""
+    import numpy as np
+
+    from kljax.bench import common
+
+    fresh = common.kernel_usage(lambda: np.ones(16 << 20, np.float32).sum(), 3)
+    idle = common.kernel_usage(lambda: None, 3)
+    assert fresh["minor_faults_per_run"] >= 32 > idle["minor_faults_per_run"]
+    assert fresh["sys_s_per_run"] >= idle["sys_s_per_run"] >= 0
 
 
 def test_bench_train_random_model_without_peer_uses_given_peak(tmp_path):

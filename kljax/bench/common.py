@@ -44,6 +44,20 @@ def timed(fn: Callable[[], Any]) -> Timing:
     return time.perf_counter() - t0, time.process_time() - c0
 
 
+def kernel_usage(fn: Callable[[], Any], runs: int) -> dict[str, float]:
+    """Run fn() `runs` times; the process's kernel CPU seconds and page faults per run while it
+    did (getrusage). High kernel time with many minor faults means the runs spend their time
+    faulting in fresh memory (on VMs that hand freed memory back to the host, much slower than
+    compute): the figure that says whether a speed measures the code or the machine's memory."""
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    for _ in range(runs):
+        fn()
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return {"sys_s_per_run": round((after.ru_stime - before.ru_stime) / runs, 3),
+            "minor_faults_per_run": round((after.ru_minflt - before.ru_minflt) / runs),
+            "major_faults_per_run": round((after.ru_majflt - before.ru_majflt) / runs)}
+
+
 def median_seconds(fn: Callable[[], Any], repeats: int) -> float:
     """fn() once untimed (compile + warm-up), then the median wall seconds of `repeats` timed calls.
     fn must block until its work is done."""

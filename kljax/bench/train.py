@@ -185,12 +185,12 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     first = {"kljax": ours_step.step()}
     first_s = time.perf_counter() - t0
-    ours = _timed_updates(ours_step.step, args.warmup, args.repeats)
+    ours, ours_kernel = _timed_updates(ours_step.step, args.warmup, args.repeats)
     breakdown = _breakdown(ours_step, min(args.repeats, 3), ours) if args.breakdown else None
     device_stats = jax.devices()[0].memory_stats() or {}
     rss_kljax_mb = common.peak_rss_mb()
     del ours_step  # free kljax's state and executable before the peer starts
-    peer, theirs, rss_peer_mb = None, [], None
+    peer, theirs, theirs_kernel, rss_peer_mb = None, [], None, None
     if not args.no_peer:
         from kljax.bench.train_peer import TorchRLStep
 
@@ -199,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
                            clip_low=CLIP, clip_high=None, optim=optim, dtype=args.dtype,
                            threads=args.peer_threads or os.cpu_count())
         first["peer"] = peer.step()
-        theirs = _timed_updates(peer.step, args.warmup, args.repeats)
+        theirs, theirs_kernel = _timed_updates(peer.step, args.warmup, args.repeats)
         rss_peer_mb = common.peak_rss_mb() if reset else None
     check = _loss_check(first, args.dtype)
 
@@ -212,14 +212,14 @@ def run(args: argparse.Namespace) -> int:
     details: dict[str, Any] = {
         "kljax": k_stats, "kljax_gflops": k_gflops, "kljax_compile_s": round(compile_s, 3),
         "kljax_compile_wall_s": round(compile_wall_s, 3), "kljax_first_update_s": round(first_s, 3),
-        "model_flops_per_update": flops,
+        "model_flops_per_update": flops, "kljax_kernel": ours_kernel,
     }
     if peer:
         p_stats = common.throughput(b * s, theirs)
         p_gflops = flops["total"] / statistics.median(w for w, _ in theirs) / 1e9
         result.update(peer=p_stats["tokens_per_s"], ratio=k_stats["tokens_per_s"] / p_stats["tokens_per_s"],
                       peer_mfu=p_gflops / peak["gflops"])
-        details.update(peer=p_stats, peer_gflops=p_gflops)
+        details.update(peer=p_stats, peer_gflops=p_gflops, peer_kernel=theirs_kernel)
     if breakdown:
         details["breakdown"] = breakdown
     if not args.no_floor:
@@ -248,10 +248,13 @@ def run(args: argparse.Namespace) -> int:
     return 0 if check is None or check["ok"] else 1
 
 
-def _timed_updates(step: Any, warmup: int, repeats: int) -> list[common.Timing]:
+def _timed_updates(step: Any, warmup: int, repeats: int) -> tuple[list[common.Timing], dict[str, float]]:
+    """`repeats` timed updates after `warmup` untimed ones, and their kernel time and page faults."""
     for _ in range(warmup):
         step()
-    return [common.timed(step) for _ in range(repeats)]
+    timings: list[common.Timing] = []
+    kernel = common.kernel_usage(lambda: timings.append(common.timed(step)), repeats)
+    return timings, kernel
 
 
 def _loss_check(first: dict[str, dict[str, float]], dtype: str) -> dict[str, Any] | None:
@@ -304,6 +307,11 @@ def _print(result: dict[str, Any]) -> None:
         t = d["peer"]
         line += (f"  transformers {t['tokens_per_s']:8.1f} tok/s [{t['min']:.1f}-{t['max']:.1f}] "
                  f"{d['peer_gflops']:.1f} GFLOP/s MFU {result['peer_mfu']:.3f}  ratio {result['ratio']:.2f}x")
+    print(line, flush=True)
+    kernel = lambda u: f"{u['sys_s_per_run']:.2f} s, {u['minor_faults_per_run']} page faults"
+    line = f"kernel time per update (page faults of fresh memory): kljax {kernel(d['kljax_kernel'])}"
+    if "peer" in d:
+        line += f"; transformers {kernel(d['peer_kernel'])}"
     print(line, flush=True)
     if "floor" in result:
         f = result["floor"]
