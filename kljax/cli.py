@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kljax",
         description="KL-regularized RL fine-tuning of LLMs in JAX, and gradient-bias studies of KL estimators.",
     )
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of a user error (bad value, path or file) instead of one line")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in _available().items():
         cmd = sub.add_parser(name, help=help_text, description=help_text)
@@ -66,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    if "--debug" in extra:  # also accepted after the command's name
+        extra.remove("--debug")
+        args.debug = True
     module = importlib.import_module(args._module)
     # Commands that read an ml_collections config take `--config.field=value` overrides.
     if getattr(module, "ACCEPTS_CONFIG_OVERRIDES", False):
@@ -75,7 +80,21 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    return int(module.run(args) or 0)
+    return run_command(module, args)
+
+
+def run_command(module: object, args: argparse.Namespace) -> int:
+    """`module.run(args)`; a user error (`kljax.errors.USER_ERRORS`) prints one line
+    `kljax COMMAND: error: MESSAGE` to stderr and returns 2, or is re-raised with `--debug`."""
+    from kljax.errors import USER_ERRORS, one_line
+
+    try:
+        return int(module.run(args) or 0)
+    except USER_ERRORS as e:
+        if getattr(args, "debug", False):
+            raise
+        print(f"kljax {args.command}: error: {one_line(e)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ Without --model, the embedded SmolLM2-135M-Instruct is used.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -35,9 +36,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     model_dir = args.model or str(default_model_dir())
     if args.check:
-        from kljax.models.convert import read_hf_config
+        from kljax.models.convert import check_hf_dir, read_hf_config
         from kljax.models.parity import DEFAULT_PROMPTS, compare_with_transformers, prompt_token_ids
 
+        check_hf_dir(model_dir)
         vocab = int(read_hf_config(model_dir)["vocab_size"])
         tokens = prompt_token_ids(model_dir, args.prompt or DEFAULT_PROMPTS, vocab_size=vocab)
         worst, per_prompt = compare_with_transformers(model_dir, tokens)
@@ -46,26 +48,38 @@ def run(args: argparse.Namespace) -> int:
         print(f"tolerance={args.tolerance:g} {'OK' if worst <= args.tolerance else 'FAILED'}")
         print(f"max_abs_diff={worst:.6e}")
         return 0 if worst <= args.tolerance else 1
-    if not args.out:
-        raise SystemExit("kljax convert: --out is required to convert or export")
-    if args.export:
-        from kljax.models.convert import export_hf, read_hf_config
-        from kljax.models.orbax_params import load_orbax_model
+    from kljax.errors import UserError
 
+    if not args.out:
+        raise UserError("--out is required to convert or export")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is an existing file; give a new directory")
+    if args.export:
+        from kljax.models.convert import export_hf, model_config_from_dir, read_hf_config
+        from kljax.models.orbax_params import is_orbax_model, load_orbax_model
+
+        if not is_orbax_model(model_dir):
+            raise UserError(f"--export --model {model_dir} is not a kljax orbax model dir (params/ + config.json)")
+        if out.is_dir() and any(out.iterdir()):
+            raise UserError(f"--out {out} exists and is not empty; give a new directory")
+        model_config_from_dir(model_dir, param_dtype=args.param_dtype)
         params, config = load_orbax_model(model_dir, param_dtype=args.param_dtype)
         hf_config = read_hf_config(model_dir)
         out = export_hf(params, config, args.out, hf_config=hf_config, tokenizer_dir=model_dir)
         print(out)
         return 0
-    from kljax.models.convert import check_vocab, load_hf_checkpoint, read_hf_config
+    from kljax.models.convert import check_hf_dir, check_vocab, load_hf_checkpoint, read_hf_config
+    from kljax.models.hf_tokenizer import load_hf_tokenizer
     from kljax.models.orbax_params import save_orbax_model
     from kljax.models.parity import has_tokenizer
 
-    params, config = load_hf_checkpoint(model_dir, param_dtype=args.param_dtype)
+    if (out / "params").exists():
+        raise UserError(f"--out {out} already holds params/; give a new directory")
+    config = check_hf_dir(model_dir, param_dtype=args.param_dtype)
     if has_tokenizer(model_dir):
-        from transformers import AutoTokenizer
-
-        check_vocab(config, len(AutoTokenizer.from_pretrained(model_dir)))
+        check_vocab(config, len(load_hf_tokenizer(model_dir)))
+    params, config = load_hf_checkpoint(model_dir, param_dtype=args.param_dtype)
     out = save_orbax_model(args.out, params, read_hf_config(model_dir), tokenizer_dir=model_dir)
     print(out)
     return 0

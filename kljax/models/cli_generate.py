@@ -19,18 +19,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from transformers import AutoTokenizer
-
-    from kljax.models.convert import check_vocab, load_hf_checkpoint
+    from kljax.errors import UserError
+    from kljax.models.convert import check_hf_dir, check_vocab, load_hf_checkpoint, model_config_from_dir
     from kljax.models.default import default_model_dir
     from kljax.models.greedy import greedy_generate
+    from kljax.models.hf_tokenizer import load_hf_tokenizer
     from kljax.models.orbax_params import is_orbax_model, load_orbax_model
 
+    if args.max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens={args.max_new_tokens} must be >= 1")
+    empty = [i for i, p in enumerate(args.prompt) if not p]
+    if empty:
+        raise UserError(f"--prompt number {empty[0] + 1} is empty; give some text")
     model_dir = args.model or str(default_model_dir())
-    load = load_orbax_model if is_orbax_model(model_dir) else load_hf_checkpoint
-    params, config = load(model_dir, param_dtype=args.dtype, dtype=args.dtype)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    orbax = is_orbax_model(model_dir)
+    dtypes = dict(param_dtype=args.dtype, dtype=args.dtype)
+    config = model_config_from_dir(model_dir, **dtypes) if orbax else check_hf_dir(model_dir, **dtypes)
+    tokenizer = load_hf_tokenizer(model_dir)
     check_vocab(config, len(tokenizer))
+    load = load_orbax_model if orbax else load_hf_checkpoint
+    params, config = load(model_dir, **dtypes)
     if args.chat:
         prompts = [
             list(tokenizer.apply_chat_template(
@@ -40,6 +48,14 @@ def run(args: argparse.Namespace) -> int:
         ]
     else:
         prompts = [tokenizer.encode(p) for p in args.prompt]
+    for i, ids in enumerate(prompts):
+        if not ids:
+            raise UserError(f"--prompt number {i + 1} ({args.prompt[i]!r}) encodes to no tokens")
+        if len(ids) + args.max_new_tokens > config.max_position_embeddings:
+            raise UserError(
+                f"--prompt number {i + 1} has {len(ids)} tokens; with --max-new-tokens={args.max_new_tokens} that "
+                f"exceeds the model's context of {config.max_position_embeddings}"
+            )
     eos = set(config.eos_token_ids)
     if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)

@@ -19,6 +19,14 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
 }
+# config.json fields transformers defaults per architecture when absent (its LlamaConfig,
+# Qwen2Config, Qwen3Config); head_dim absent elsewhere is hidden_size // num_attention_heads.
+HF_DEFAULTS: dict[str, dict[str, Any]] = {
+    "LlamaForCausalLM": {"max_position_embeddings": 2048},
+    "Qwen2ForCausalLM": {"max_position_embeddings": 32768},
+    "Qwen3ForCausalLM": {"max_position_embeddings": 32768, "head_dim": 128},
+}
+HF_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 ROPE_TYPES = ("default", "linear", "llama3")
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_no_batch_saveable")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -120,6 +128,14 @@ class ModelConfig:
             )
         arch = archs[0]
         model_type = SUPPORTED_ARCHITECTURES[arch]
+        missing = [k for k in HF_REQUIRED if k not in hf]
+        if missing:
+            raise ValueError(f"config.json of {arch} lacks the field(s) {missing}")
+        bad = [k for k in HF_REQUIRED if isinstance(hf[k], bool) or not isinstance(hf[k], int) or hf[k] < 1]
+        if bad:
+            values = ", ".join(f"{k}={hf[k]!r}" for k in bad)
+            raise ValueError(f"config.json fields must be positive integers: {values}")
+        hf = {**HF_DEFAULTS[arch], **{k: v for k, v in hf.items() if v is not None}}
         act = hf.get("hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"unsupported hidden_act {act!r}; only 'silu' (SwiGLU) is implemented")

@@ -34,6 +34,7 @@ import ml_dtypes
 import numpy as np
 
 from kljax import sharding as sharding_lib
+from kljax.errors import UserError, read_json
 from kljax.models.config import ModelConfig
 from kljax.models.transformer import Params, logical_axes, param_paths, param_shapes
 
@@ -119,16 +120,46 @@ class SafetensorsFile:
     """Header of one .safetensors file, and memory-mapped reads of its tensors."""
 
     def __init__(self, path: Path):
+        """Read and check the header: a UserError naming the file (and tensor) when it is empty,
+        truncated, not safetensors, or its tensors' offsets, dtypes or shapes do not add up."""
         self.path = Path(path)
+        file_size = self.path.stat().st_size
+        bad = f"{self.path} is not a valid safetensors file"
+        if file_size < 8:
+            raise UserError(f"{bad}: {file_size} bytes, too short for a header (empty or truncated)")
         with open(self.path, "rb") as f:
             size = int.from_bytes(f.read(8), "little")
+            if size > file_size - 8:
+                raise UserError(
+                    f"{bad}: its header claims {size} bytes but the file has {file_size} (garbage or truncated)"
+                )
             try:
                 header = json.loads(f.read(size))
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise ValueError(f"{self.path} is not a valid safetensors file: {e}") from e
+                raise UserError(f"{bad}: its header is not JSON ({e})") from e
+        if not isinstance(header, dict):
+            raise UserError(f"{bad}: its header is not a JSON object")
         header.pop("__metadata__", None)
         self.header: dict[str, dict[str, Any]] = header
         self.data_start = 8 + size
+        for key, info in header.items():
+            self._check_entry(key, info, file_size - self.data_start)
+
+    def _check_entry(self, key: str, info: Any, data_size: int) -> None:
+        where = f"tensor {key!r} in {self.path}"
+        try:
+            dtype, shape, (begin, end) = info["dtype"], [int(d) for d in info["shape"]], info["data_offsets"]
+        except (TypeError, KeyError, ValueError) as e:
+            raise UserError(f"{where}: malformed header entry {info!r}") from e
+        if dtype not in _DTYPES:
+            raise UserError(f"{where} has unsupported dtype {dtype!r}; supported: {sorted(_DTYPES)}")
+        nbytes = math.prod(shape) * np.dtype(_DTYPES[dtype]).itemsize
+        if not (isinstance(begin, int) and isinstance(end, int)) or min(shape, default=0) < 0 or end - begin != nbytes:
+            raise UserError(f"{where}: data offsets {[begin, end]} do not hold a {dtype} tensor of shape {shape}")
+        if begin < 0 or end > data_size:
+            raise UserError(
+                f"{where}: its data ends at byte {end} but the file holds {data_size} bytes of data (truncated)"
+            )
 
     def keys(self) -> list[str]:
         return list(self.header)
@@ -149,37 +180,78 @@ class SafetensorsFile:
 
 
 def read_hf_config(model_dir: str | os.PathLike) -> dict[str, Any]:
-    """The `config.json` dict of a checkpoint directory."""
+    """The `config.json` dict of a checkpoint directory (UserError when absent or not a JSON object)."""
+    if not Path(model_dir).is_dir():
+        raise UserError(f"model directory {model_dir} does not exist (or is not a directory)")
     path = Path(model_dir) / "config.json"
     if not path.is_file():
-        raise ValueError(f"{model_dir} has no config.json; expected a Hugging Face checkpoint directory")
-    return json.loads(path.read_text())
+        raise UserError(f"{model_dir} has no config.json; expected a Hugging Face checkpoint directory")
+    config = read_json(path, "config file")
+    if not isinstance(config, dict):
+        raise UserError(f"config file {path} holds a {type(config).__name__}, not a JSON object")
+    return config
+
+
+def model_config_from_dir(model_dir: str | os.PathLike, **overrides: Any) -> ModelConfig:
+    """`ModelConfig.from_hf` of the directory's config.json, its errors naming the file."""
+    try:
+        return ModelConfig.from_hf(read_hf_config(model_dir), **overrides)
+    except UserError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise UserError(f"{Path(model_dir) / 'config.json'}: {e}") from e
+
+
+def check_hf_dir(model_dir: str | os.PathLike, **overrides: Any) -> ModelConfig:
+    """Config, file layout, tensor names and shapes of a HF checkpoint directory, checked without
+    reading any weights (a UserError naming the file and tensor); returns its ModelConfig."""
+    config = model_config_from_dir(model_dir, **overrides)
+    validate_checkpoint(open_checkpoint(model_dir), config)
+    return config
 
 
 def open_checkpoint(model_dir: str | os.PathLike) -> dict[str, SafetensorsFile]:
-    """HF key -> the safetensors file holding it (single file or sharded with an index)."""
+    """HF key -> the safetensors file holding it, read as transformers reads a directory:
+    `model.safetensors`, or the files `model.safetensors.index.json` names, and no other file (a
+    backup `*.safetensors` beside them is ignored). A tensor in two files is an error, as is a
+    tensor the index places in another file than the one holding it."""
     model_dir = Path(model_dir)
     index = model_dir / "model.safetensors.index.json"
+    weight_map: dict[str, str] | None = None
     if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        data = read_json(index, "checkpoint index")
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise UserError(f"{index} has no weight_map of tensor name -> file name")
+        names = sorted(set(weight_map.values()))
         missing = [n for n in names if not (model_dir / n).is_file()]
         if missing:
-            raise ValueError(f"{index} names shard files that do not exist: {missing}")
+            raise UserError(f"{index} names shard files that do not exist: {missing}")
         files = [model_dir / n for n in names]
     else:
-        files = sorted(model_dir.glob("*.safetensors"))
+        files = [model_dir / "model.safetensors"] if (model_dir / "model.safetensors").is_file() else []
     if not files:
+        others = sorted(p.name for p in model_dir.glob("*.safetensors"))
+        if others:
+            raise UserError(
+                f"{model_dir} has neither model.safetensors nor model.safetensors.index.json (found "
+                f"{', '.join(others)}; transformers would not read them either)"
+            )
         pickled = sorted(p.name for ext in ("*.bin", "*.pt", "*.pth", "*.ckpt") for p in model_dir.glob(ext))
         if pickled:
             raise ValueError(
                 f"{model_dir} has only pickle weights ({', '.join(pickled)}); kljax reads only .safetensors "
                 "because unpickling can run arbitrary code. Convert them to safetensors first."
             )
-        raise ValueError(f"{model_dir} has no *.safetensors weights")
+        raise UserError(f"{model_dir} has no model.safetensors (nor model.safetensors.index.json)")
     by_key: dict[str, SafetensorsFile] = {}
     for path in files:
         st = SafetensorsFile(path)
         for key in st.keys():
+            if key in by_key:
+                raise UserError(f"tensor {key!r} is in both {by_key[key].path} and {path}")
+            if weight_map is not None and weight_map.get(key, path.name) != path.name:
+                raise UserError(f"tensor {key!r} is in {path} but {index} places it in {weight_map[key]}")
             by_key[key] = st
     return by_key
 
@@ -206,7 +278,7 @@ def validate_checkpoint(files: Mapping[str, SafetensorsFile], config: ModelConfi
             expected[key] = hf_shape(rule, shape)
     missing = [k for k in expected if k not in files]
     if missing:
-        raise ValueError(
+        raise UserError(
             f"checkpoint is missing {len(missing)} tensor(s) that {config.architecture} with this "
             "config.json "
             f"needs: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}"
@@ -218,7 +290,7 @@ def validate_checkpoint(files: Mapping[str, SafetensorsFile], config: ModelConfi
         if k not in expected and k not in tied_head and not any(p.match(k) for p in IGNORED_KEYS)
     ]
     if extra:
-        raise ValueError(
+        raise UserError(
             f"checkpoint has {len(extra)} unexpected tensor(s) for {config.architecture} with this "
             "config.json: "
             f"{', '.join(sorted(extra)[:8])}{' ...' if len(extra) > 8 else ''}"
@@ -226,7 +298,9 @@ def validate_checkpoint(files: Mapping[str, SafetensorsFile], config: ModelConfi
     for key, shape in expected.items():
         found = files[key].shape(key)
         if found != shape:
-            raise ValueError(f"tensor {key}: expected shape {shape} from config.json, found {found}")
+            raise UserError(
+                f"tensor {key}: expected shape {shape} from config.json, found {found} (in {files[key].path})"
+            )
 
 
 def check_vocab(config: ModelConfig, tokenizer_size: int) -> None:
@@ -236,6 +310,16 @@ def check_vocab(config: ModelConfig, tokenizer_size: int) -> None:
             f"vocab size mismatch: the tokenizer has {tokenizer_size} tokens but the model's embedding has "
             f"vocab_size={config.vocab_size} rows"
         )
+
+
+def _finite(st: SafetensorsFile, key: str) -> np.ndarray:
+    """Tensor `key` of `st`; a UserError naming it when any element is inf or NaN."""
+    array = st.get(key)
+    if array.dtype.kind == "f" or array.dtype == ml_dtypes.bfloat16:
+        bad = int(array.size - np.count_nonzero(np.isfinite(array)))
+        if bad:
+            raise UserError(f"tensor {key} in {st.path} has {bad} non-finite value(s) (inf or NaN)")
+    return array
 
 
 def load_hf_checkpoint(
@@ -249,7 +333,7 @@ def load_hf_checkpoint(
     `overrides` set run-time config fields (param_dtype, dtype, scan_layers, remat). With a `mesh`,
     each parameter goes straight to its NamedSharding from `kljax.sharding.LOGICAL_RULES`.
     """
-    config = ModelConfig.from_hf(read_hf_config(model_dir), **overrides)
+    config = model_config_from_dir(model_dir, **overrides)
     files = open_checkpoint(model_dir)
     validate_checkpoint(files, config)
     shardings = None
@@ -262,9 +346,9 @@ def load_hf_checkpoint(
         if rule.layered:
             host = np.empty((len(keys), *shape), dtype)
             for i, key in enumerate(keys):
-                host[i] = to_kljax(rule, files[key].get(key), shape)
+                host[i] = to_kljax(rule, _finite(files[key], key), shape)
         else:
-            host = np.asarray(to_kljax(rule, files[keys[0]].get(keys[0]), shape), dtype)
+            host = np.asarray(to_kljax(rule, _finite(files[keys[0]], keys[0]), shape), dtype)
         if shardings is None:
             flat[rule.path] = jax.device_put(host)
         else:

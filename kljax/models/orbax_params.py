@@ -16,8 +16,9 @@ from typing import Any
 import jax
 
 from kljax import sharding as sharding_lib
+from kljax.errors import UserError
 from kljax.models.config import ModelConfig
-from kljax.models.convert import TOKENIZER_FILES, read_hf_config
+from kljax.models.convert import TOKENIZER_FILES, model_config_from_dir
 from kljax.models.transformer import Params, logical_axes, param_shapes
 
 
@@ -62,7 +63,7 @@ def load_orbax_model(
     import orbax.checkpoint as ocp
 
     model_dir = Path(model_dir).absolute()
-    config = ModelConfig.from_hf(read_hf_config(model_dir), **overrides)
+    config = model_config_from_dir(model_dir, **overrides)
     shapes = param_shapes(config)
     if mesh is None:
         device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -71,5 +72,8 @@ def load_orbax_model(
         shardings = sharding_lib.logical_to_sharding(logical_axes(config), shapes, mesh)
     abstract = lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh)
     target = jax.tree.map(abstract, shapes, shardings)
-    params = ocp.StandardCheckpointer().restore(model_dir / "params", target)
+    try:
+        params = ocp.StandardCheckpointer().restore(model_dir / "params", target)
+    except Exception as e:  # orbax and tensorstore raise many types for missing or damaged files
+        raise UserError(f"{model_dir / 'params'} cannot be restored: {type(e).__name__}: {e}") from e
     return params, config

@@ -59,9 +59,8 @@ def load_policy(section: ml_collections.ConfigDict, mesh: Any, seed: int = 0) ->
                        out_shardings=shardings)
         return Policy(model, init(), shardings, tokenizer, (tokenizer.eos_token_id,), tokenizer.pad_token_id)
 
-    from transformers import AutoTokenizer
-
-    from kljax.models.convert import check_vocab, load_hf_checkpoint
+    from kljax.models.convert import check_hf_dir, check_vocab, load_hf_checkpoint
+    from kljax.models.hf_tokenizer import load_hf_tokenizer
 
     if section.source == "default":
         from kljax.models.default import default_model_dir
@@ -69,9 +68,10 @@ def load_policy(section: ml_collections.ConfigDict, mesh: Any, seed: int = 0) ->
         model_dir = default_model_dir()
     else:
         model_dir = section.source
-    params, model = load_hf_checkpoint(model_dir, mesh=mesh, **_runtime(section))
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = check_hf_dir(model_dir, **_runtime(section))  # names and shapes, before reading a weight
+    tokenizer = load_hf_tokenizer(model_dir)
     check_vocab(model, len(tokenizer))
+    params, model = load_hf_checkpoint(model_dir, mesh=mesh, **_runtime(section))
     shardings = shd.logical_to_sharding(tfm.logical_axes(model), tfm.param_shapes(model), mesh)
     stop = set(model.eos_token_ids)
     if tokenizer.eos_token_id is not None:
