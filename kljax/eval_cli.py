@@ -53,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
     from kljax.train.config import apply_overrides
     from kljax.train.trainer import enable_compilation_cache
 
+    if args.json and Path(args.json).is_dir():
+        raise ValueError(f"--json {args.json} is a directory; give a file path")
     enable_compilation_cache()
     overrides = list(getattr(args, "overrides", []))
     try:

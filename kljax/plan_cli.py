@@ -46,6 +46,8 @@ def _resolve(args: argparse.Namespace, config) -> tuple[tuple[int, int, int], in
     from kljax.distributed import parse_mesh
     from kljax.plan import parse_chip
 
+    if args.devices is not None and args.devices < 1:
+        raise ValueError(f"--devices={args.devices} must be >= 1")
     chip = parse_chip(args.chip) if args.chip else None
     if args.mesh:
         shape = parse_mesh(args.mesh)

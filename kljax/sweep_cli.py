@@ -27,6 +27,13 @@ def run(args: argparse.Namespace) -> int:
 
     from kljax.sweep import load_sweep, run_status, run_sweep
 
+    if args.parallel < 0:
+        print(f"kljax sweep: error: --parallel={args.parallel} must be >= 0 (0: one run after another)",
+              file=sys.stderr)
+        return 2
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        print(f"kljax sweep: error: --out {args.out} is an existing file; give a directory", file=sys.stderr)
+        return 2
     try:
         sweep = load_sweep(args.config, getattr(args, "overrides", []))
     except ValueError as e:

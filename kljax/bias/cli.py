@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -35,15 +34,9 @@ def default_config_path() -> Path:
 
 def load_config(path: str | Path) -> ml_collections.ConfigDict:
     """Import an ml_collections config file by path and call its get_config()."""
-    path = Path(path)
-    if not path.exists():
-        raise ValueError(f"config file {str(path)!r} does not exist (try {DEFAULT_CONFIG})")
-    spec = importlib.util.spec_from_file_location(f"kljax_config_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not hasattr(module, "get_config"):
-        raise ValueError(f"config file {str(path)!r} has no get_config()")
-    return module.get_config()
+    from kljax.config_files import get_config_of
+
+    return get_config_of(path, hint=f" (try {DEFAULT_CONFIG})")
 
 
 def _parse_value(text: str, current: Any) -> Any:
@@ -147,6 +140,16 @@ def run(args: argparse.Namespace) -> int:
     from kljax.bias.study import run_study
 
     start = time.perf_counter()
+    for flag in ("out",):
+        path = getattr(args, flag)
+        if path and Path(path).exists() and not Path(path).is_dir():
+            print(f"kljax bias-study: error: --{flag} {path} is an existing file; give a directory", file=sys.stderr)
+            return 2
+    for flag in ("json", "markdown"):
+        path = getattr(args, flag)
+        if path and Path(path).is_dir():
+            print(f"kljax bias-study: error: --{flag} {path} is a directory; give a file path", file=sys.stderr)
+            return 2
     try:
         config = build_config(args)
         result = run_study(config, progress=not args.no_progress)

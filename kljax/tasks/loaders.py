@@ -174,6 +174,8 @@ def read_jsonl(path: str | os.PathLike[str], fields: tuple[Field, ...], use_data
             f"${DATA_DIR_ENV} or ../shared/data beside the repository (see kljax/tasks/loaders.py)"
         )
     rows = _scan_jsonl(path, fields)
+    if not rows:
+        raise ValueError(f"data file {path} has no rows (it is empty or only blank lines)")
     if not use_datasets:
         return rows
     try:

@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import importlib.util
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import ml_collections
 
 from kljax.advantages import METHODS, MIN_GROUP
+from kljax.errors import UserError
 from kljax.kl import KLConfig
-from kljax.losses import AGGREGATIONS
+from kljax.rl.objective import DEFAULT_AGGREGATION, check_aggregation
 from kljax.train.state import OptimConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +44,7 @@ class RLConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
-    loss_aggregation: str = "seq-mean-token-mean"
+    loss_aggregation: str = DEFAULT_AGGREGATION
     clip_low: float | None = 0.2
     clip_high: float | None = None
     updates_per_batch: int = 1
@@ -65,10 +64,7 @@ class RLConfig:
                 f"rl.group_size={self.group_size}: advantage {self.advantage!r} needs group_size >= "
                 f"{MIN_GROUP[self.advantage]} (a baseline from the other samples of the prompt)"
             )
-        if self.loss_aggregation not in AGGREGATIONS:
-            raise ValueError(
-                f"rl.loss_aggregation={self.loss_aggregation!r} is not valid; choose one of {list(AGGREGATIONS)}"
-            )
+        check_aggregation(self.loss_aggregation)
         for name in ("prompts_per_step", "max_prompt_len", "max_new_tokens", "updates_per_batch", "micro_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rl.{name}={getattr(self, name)} must be >= 1")
@@ -105,19 +101,9 @@ class RunSettings:
 
 def load_config(path: str | os.PathLike | None = None) -> ml_collections.ConfigDict:
     """`get_config()` of a config file (default: configs/default.py)."""
-    path = Path(path) if path else DEFAULT_CONFIG
-    if not path.exists():
-        raise ValueError(f"config file {str(path)!r} does not exist")
-    spec = importlib.util.spec_from_file_location(f"kljax_config_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(path.parent.resolve()))  # configs import their shared base (kljax_base.py)
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.pop(0)
-    if not hasattr(module, "get_config"):
-        raise ValueError(f"config file {str(path)!r} has no get_config()")
-    return module.get_config()
+    from kljax.config_files import get_config_of
+
+    return get_config_of(Path(path) if path else DEFAULT_CONFIG)  # configs import kljax_base.py beside them
 
 
 def _parse_value(text: str) -> Any:
@@ -166,6 +152,10 @@ def _section(config: ml_collections.ConfigDict, name: str, cls: type) -> Any:
 def validate(config: ml_collections.ConfigDict) -> RunSettings:
     """Check every field; raise ValueError naming the bad one. Model-dependent checks (context
     length, vocabulary) happen in `check_against_model` once the model config is known."""
+    from kljax.train.config_checks import check_ranges, check_types
+
+    check_types(config)
+    check_ranges(config)
     kl = KLConfig.from_mapping(dict(config.kl))
     rl = _section(config, "rl", RLConfig)
     optim_values = dict(config.optim)
