@@ -34,8 +34,19 @@ def base() -> ml_collections.ConfigDict:
     )
     c.task = ml_collections.ConfigDict(
         dict(name="arithmetic", split="train", eval_splits="test,ood_digits,ood_ops", prompt_format="chat",
-             answer_format="", data_dir="")  # answer_format: "boxed", "answer_line" or "" (the task's own)
+             answer_format="", data_dir="",  # answer_format: "boxed", "answer_line" or "" (the task's own)
+             # File tasks (name jsonl, parquet, csv or hf; see kljax/tasks/files.py):
+             path="", prompt_key="prompt", answer_key="", messages_key="", eval_fraction=0.1,
+             prompt_template="", drop_overlong=False,
+             system_prompt=None)  # None: kljax's default system prompt; "": none
     )
+    # Rewards (kljax/train/reward_set.py): "" and "" = the task's own check.
+    c.reward = ml_collections.ConfigDict(
+        dict(functions="", weights=None, on_error="raise", timeout_s=None, model="", model_weight=1.0,
+             model_max_len=0)
+    )
+    c.log_samples_every = 0  # write a few prompts/completions to samples.jsonl every this many steps
+    c.log_samples_n = 4
     c.kl = ml_collections.ConfigDict(
         dict(estimator="k1", placement="reward", credit="sequence", scope="token", off_policy="none",
              truncation=None, beta=0.05, target_kl=None, adapt_horizon=10000.0)

@@ -80,7 +80,7 @@ class MetricsWriter:
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
         if not self.active:
             return
-        row = {"step": int(step), **{k: (v if math.isfinite(v) else str(v)) for k, v in metrics.items()}}
+        row = {"step": int(step), **{k: (v if math.isfinite(v) else None) for k, v in metrics.items()}}  # JSON null
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
         if self._tb is not None:

@@ -4,7 +4,8 @@
 
 Two paths:
   - in process, for tasks whose check is an exact match that runs in linear time on any string
-    (arithmetic, GSM8K, countdown, MMLU, DeepMind mathematics): a check that raises scores 0;
+    (arithmetic, GSM8K, countdown, MMLU, DeepMind mathematics): these never raise on model output,
+    so a check that raises, or returns anything but a finite Score, is a ValueError naming the task;
   - in a `VerifierPool` of worker processes, for tasks with `uses_verifier_pool = True` (MATH,
     MATH500: math-verify, whose sympy work can take very long on adversarial output): each item has
     a time limit (default `pool.DEFAULT_TIMEOUT_S`); an item that times out or crashes its worker
@@ -109,18 +110,24 @@ def _check_in_process(task: Task, example: Example, completion: object) -> Score
     if not isinstance(completion, str):
         return WRONG
     try:
-        return _as_score(task.check(example, completion))
-    except Exception:  # noqa: BLE001 - a reward never raises on model output
-        return WRONG
+        value = task.check(example, completion)
+    except Exception as e:  # the in-process checks never raise on model output: this is a bug in the check
+        raise ValueError(f"task {task.name!r}: check() raised {type(e).__name__}: {e} on example {example.id} "
+                         f"(completion {completion[:60]!r})") from e
+    return _as_score(value, task, example)
 
 
-def _as_score(value: object) -> Score:
+def _as_score(value: object, task: Task, example: Example) -> Score:
+    """`value` as a Score; anything but a (finite reward, correct) pair is a ValueError naming the task."""
     try:
         reward, correct = value  # type: ignore[misc]
         reward = float(reward)
     except (TypeError, ValueError):
-        return WRONG
-    return Score(reward, bool(correct)) if math.isfinite(reward) else WRONG
+        raise ValueError(f"task {task.name!r}: check() returned {type(value).__name__} {value!r:.40} on example "
+                         f"{example.id}; it must return a Score(reward, correct)") from None
+    if not math.isfinite(reward):
+        raise ValueError(f"task {task.name!r}: check() returned the non-finite reward {reward} on example {example.id}")
+    return Score(reward, bool(correct))
 
 
 def score_batch(
@@ -133,9 +140,11 @@ def score_batch(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Rewards [B] (float32) and correctness [B] (bool) of `completions[i]` against `examples[i]`.
 
-    Never raises on model output: a malformed completion, a check that raises, times out or crashes
-    its worker scores (0.0, False). `pool` (default: the process-wide `default_pool()`) and
-    `timeout_s` (per item) apply to tasks with `uses_verifier_pool`; the others run in this process.
+    Never raises on model output: a malformed completion, or a pool check that raises, times out or
+    crashes its worker, scores (0.0, False). A check that returns something other than a finite
+    Score, or an in-process check that raises, is a ValueError (a bug in the check, not the output).
+    `pool` (default: the process-wide `default_pool()`) and `timeout_s` (per item) apply to tasks
+    with `uses_verifier_pool`; the others run in this process.
     """
     if len(examples) != len(completions):
         raise ValueError(f"{len(examples)} examples but {len(completions)} completions")
@@ -143,7 +152,7 @@ def score_batch(
         pool = pool if pool is not None else default_pool()
         items = [(ex, c if isinstance(c, str) else "") for ex, c in zip(examples, completions, strict=True)]
         outcomes = pool.map(task.check, items, timeout_s=timeout_s)
-        scores = [_as_score(o.value) if o.ok else WRONG for o in outcomes]
+        scores = [_as_score(o.value, task, ex) if o.ok else WRONG for o, (ex, _) in zip(outcomes, items, strict=True)]
     else:
         scores = [_check_in_process(task, ex, c) for ex, c in zip(examples, completions, strict=True)]
     rewards = np.asarray([s.reward for s in scores], dtype=np.float32)

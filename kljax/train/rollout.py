@@ -27,14 +27,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kljax import advantages as adv
 from kljax import sampling
 from kljax.distributed import global_from_local_rows, local_rows
-from kljax.kl import KLConfig, kl_terms
-from kljax.models.config import ModelConfig
+from kljax.kl import KLConfig
+from kljax.models.policy_api import as_policy
+from kljax.rl.objective import advantages_with_kl
 from kljax.sharding import data_sharding
 from kljax.tasks.base import Example, Task
-from kljax.tasks.prompting import build_messages, render_messages
+from kljax.tasks.prompting import SYSTEM_PROMPT, build_messages, render_messages
 from kljax.tasks.rewards import score_batch
 from kljax.train.config import RLConfig
 from kljax.train.step import Batch
@@ -58,6 +58,8 @@ class RolloutInfo:
     rows: np.ndarray | None = None  # global rows of completions/rewards/correct (this process's samples)
     reward_mean: float = float("nan")  # over the whole (global) batch
     accuracy_mean: float = float("nan")
+    reward_parts: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # per reward function, unweighted
+    reward_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # reward/NAME means, error counts
 
 
 def prompt_texts(examples: Sequence[Example], task: Task, tokenizer: Any, prompt_format: str) -> list[str]:
@@ -65,7 +67,11 @@ def prompt_texts(examples: Sequence[Example], task: Task, tokenizer: Any, prompt
     if prompt_format == "raw":
         return [ex.prompt for ex in examples]
     chat = prompt_format == "chat"
-    return [render_messages(build_messages(ex, task), tokenizer, chat_template=chat) for ex in examples]
+    if hasattr(task, "messages"):  # a task that builds its own conversation (kljax.tasks.files.FileTask)
+        return [render_messages(task.messages(ex), tokenizer, chat_template=chat) for ex in examples]
+    system = getattr(task, "system_prompt", SYSTEM_PROMPT)  # config.task.system_prompt, see tasks.from_config
+    return [render_messages(build_messages(ex, task, system_prompt=system), tokenizer, chat_template=chat)
+            for ex in examples]
 
 
 def encode_prompts(texts: Sequence[str], tokenizer: Any, max_len: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -86,7 +92,7 @@ def encode_prompts(texts: Sequence[str], tokenizer: Any, max_len: int, pad_id: i
     return ids, mask
 
 
-def sampler_is_policy(rl: RLConfig, kl: KLConfig, model: ModelConfig) -> bool:
+def sampler_is_policy(rl: RLConfig, kl: KLConfig, model: Any) -> bool:
     """Whether a rollout takes log pi of the sampled tokens and the entropy from the sampler instead of
     a policy forward pass (`rl.reuse_sampler_logprobs`).
 
@@ -104,11 +110,11 @@ def sampler_is_policy(rl: RLConfig, kl: KLConfig, model: ModelConfig) -> bool:
     needs the policy's hidden states anyway and always re-scores.
     """
     untruncated = rl.temperature == 0.0 or (rl.temperature == 1.0 and rl.top_p == 1.0 and rl.top_k == 0)
-    exact = model.jnp_dtype == jnp.float32
+    exact = getattr(model, "jnp_dtype", jnp.float32) == jnp.float32
     return rl.reuse_sampler_logprobs and rl.async_level == 0 and untruncated and exact and kl.estimator != "full"
 
 
-def policy_scored_in_update(rl: RLConfig, kl: KLConfig, model: ModelConfig) -> bool:
+def policy_scored_in_update(rl: RLConfig, kl: KLConfig, model: Any) -> bool:
     """Whether the rollout skips the policy's scoring forward pass altogether: when the sampler's
     log-probs cannot stand in for log pi (`sampler_is_policy` is False, e.g. in 16-bit compute) but
     nothing before the update needs log pi either (no KL in the reward, no full-vocabulary KL) and
@@ -126,6 +132,25 @@ def decode_responses(tokenizer: Any, tokens_rn: np.ndarray, mask_rn: np.ndarray)
         tokenizer.decode([int(t) for t, m in zip(row, mrow, strict=True) if m], skip_special_tokens=True)
         for row, mrow in zip(tokens_rn, mask_rn, strict=True)
     ]
+
+
+def assemble_batch(partial: Batch, scored: dict[str, Array], rewards_b: Array, *, kl: KLConfig, beta: float | Array,
+                   group_size: int, advantage: str) -> Batch:
+    """The train batch from a scored one: the reference log-probs and the advantages with the
+    reward-placed KL folded in (`kljax.rl.objective.advantages_with_kl`). Pure (jit/vmap it).
+
+    `scored` holds "ref_logp" and, unless the update scores the policy itself
+    (`policy_scored_in_update`: then no KL is in the reward), "logp" (and "full_kl" for 'full')."""
+    b, r = partial.response_mask_br.shape
+    if "logp" in scored:
+        a = advantages_with_kl(kl, rewards_b, scored["logp"], scored["ref_logp"], partial.response_mask_br,
+                               partial.sampler_logp_br, scored.get("full_kl"), beta, group_size, advantage)
+    else:
+        none = KLConfig(placement="none")
+        zeros = jnp.zeros((b, r), jnp.float32)
+        a = advantages_with_kl(none, rewards_b, zeros, zeros, partial.response_mask_br, None, None, beta,
+                               group_size, advantage)
+    return dataclasses.replace(partial, ref_logp_br=scored["ref_logp"], advantages_br=a)
 
 
 def rollout(
@@ -147,8 +172,12 @@ def rollout(
     pad_id: int,
     place: Callable[[Batch], Batch] = lambda b: b,
     mesh: Any = None,
+    reward_fn: Callable[[Sequence[Example], Sequence[str]], Any] | None = None,
 ) -> tuple[Batch, RolloutInfo]:
-    """Sample G responses per example with `sampler_params`, score and reward them, and build the batch."""
+    """Sample G responses per example with `sampler_params`, score and reward them, and build the batch.
+
+    `reward_fn(examples, completions) -> RewardResult` (`kljax.train.reward_set.RewardSet`) replaces the
+    task's own reward when given."""
     times = {}
     t0 = time.perf_counter()
     texts = prompt_texts(examples, task, tokenizer, prompt_format)
@@ -158,7 +187,7 @@ def rollout(
         temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k, max_new_tokens=rl.max_new_tokens,
         stop_token_ids=tuple(stop_token_ids), n=rl.group_size, entropy=reuse,
     )
-    result = sampling.generate(sampler_params, model_config, prompt_ids, prompt_mask, key, params_s, mesh=mesh)
+    result = as_policy(model_config).sample(sampler_params, prompt_ids, prompt_mask, key, params_s, mesh=mesh)
     response_tokens, response_mask = result.response_tokens_rn, result.response_mask_rn
     if mesh is not None:  # rows split over the data axes: each process rewards the samples it holds
         response_tokens, response_mask = jax.device_put((response_tokens, response_mask), data_sharding(mesh, 2))
@@ -169,7 +198,13 @@ def rollout(
     t0 = time.perf_counter()
     g = rl.group_size
     completions = decode_responses(tokenizer, local_ids, local_mask)
-    rewards, correct = score_batch(task, [examples[i // g] for i in rows], completions)
+    parts, reward_metrics = {}, {}
+    if reward_fn is None:
+        rewards, correct = score_batch(task, [examples[i // g] for i in rows], completions)
+    else:
+        scored_rewards = reward_fn([examples[i // g] for i in rows], completions)
+        rewards, correct = scored_rewards.rewards, scored_rewards.correct
+        parts, reward_metrics = scored_rewards.parts, scored_rewards.metrics
     rewards, correct = np.asarray(rewards, np.float32), np.asarray(correct, bool)
     b, r = response_mask.shape
     if mesh is None:
@@ -191,18 +226,11 @@ def rollout(
     scored = score_fn(params, ref_params, partial)
     if reuse:  # the sampler drew from pi: its log-probs and entropy are the policy's
         scored = dict(scored, logp=partial.sampler_logp_br, entropy=jnp.asarray(result.response_entropy_rn))
-    if "logp" in scored:
-        terms = kl_terms(kl, scored["logp"], scored["ref_logp"], partial.response_mask_br, partial.sampler_logp_br,
-                         scored.get("full_kl"))
-        penalty_bt, penalty_b = terms.penalty_bt, terms.penalty_b
-    else:  # `policy_scored_in_update`: no KL in the reward, so no penalty
-        penalty_bt, penalty_b = jnp.zeros((b, r), jnp.float32), jnp.zeros((b,), jnp.float32)
-    advantages = adv.token_advantages(rewards_b, penalty_bt, penalty_b, beta, g, rl.advantage)
-    batch = dataclasses.replace(partial, ref_logp_br=scored["ref_logp"], advantages_br=advantages)
+    batch = assemble_batch(partial, scored, rewards_b, kl=kl, beta=beta, group_size=g, advantage=rl.advantage)
     # The scoring and advantages were only dispatched (JAX runs them asynchronously); wait for them, or their
     # device time would be charged to whatever blocks next (the train step's time_update). Nothing is lost
     # by waiting but the train step's dispatch latency: that step needs this batch before it can start anyway.
     jax.block_until_ready((batch, scored))
     times["score"] = time.perf_counter() - t0
     return batch, RolloutInfo(completions, rewards, correct, scored, times, rows,
-                              float(jnp.mean(rewards_b)), float(jnp.mean(correct_b)))
+                              float(jnp.mean(rewards_b)), float(jnp.mean(correct_b)), parts, reward_metrics)

@@ -1,12 +1,14 @@
 """The RL training loop: `kljax train --config configs/NAME.py --workdir DIR [--resume]`.
 
 Per step s (0-based): the prompts are `task.examples(split, n, seed=(seed, s))`, so the data
-position is the step itself; the sampler uses the parameters of `rl.async_level` steps earlier
+position is the step itself (a file task reads its epoch stream at s * n + an offset, and
+checkpoints that position as `data_position`); the sampler uses the parameters of `rl.async_level` steps earlier
 (a queue of snapshots, checkpointed with the state); the batch is updated on `rl.updates_per_batch`
 times by the jitted `train_step`. With async_level 0 and one update, the importance ratio is 1 up
 to float rounding (on-policy). A step is one call of `iteration` (which `kljax bench rl` times too).
 Everything a run writes goes under WORKDIR: checkpoints/, metrics.jsonl, tb/, eval_before.json,
-eval_after.json, config.json.
+eval_after.json, eval_step_N.json (config.eval_every), samples.jsonl (config.log_samples_every),
+config.json; the JSON holds null, never NaN (`run_logs`).
 
 Multi-host (`kljax.distributed`): every process runs this loop on the global mesh; checkpoints are
 written by all processes together, files and the progress bar by process 0 only.
@@ -37,6 +39,7 @@ from kljax.kl import adapt_beta, warn_if_biased
 from kljax.metrics import MetricsWriter, to_python
 from kljax.models import transformer as tfm
 from kljax.tasks.base import Example
+from kljax.train import run_logs
 from kljax.train import state as st
 from kljax.train.config import RunSettings, check_against_model, validate
 from kljax.train.evaluate_loop import evaluate_splits
@@ -79,6 +82,8 @@ class Run:
     step_fn: Any
     score_fn: Any
     place: Any
+    reward: Any = None  # a `reward_set.RewardSet` (config.reward), or None for the task's own reward
+    data_offset: int = 0  # file tasks: the epoch stream's position is step * prompts_per_step + this
 
 
 def enable_compilation_cache() -> None:
@@ -105,7 +110,8 @@ def under_mesh(fn: Any, mesh: Any) -> Any:
 
 def build(settings: RunSettings) -> tuple[Run, st.TrainState, Any]:
     """Mesh, model, task and jitted functions; the initial state and the frozen reference params."""
-    from kljax.tasks.registry import get_task
+    from kljax.tasks.from_config import check_prompts, task_from_config
+    from kljax.train.reward_model_run import reward_from_config
 
     enable_compilation_cache()
     mesh_shape = distributed.check_mesh(settings.mesh, jax.device_count(), settings.rl)
@@ -114,14 +120,16 @@ def build(settings: RunSettings) -> tuple[Run, st.TrainState, Any]:
     distributed.check_mesh(mesh_shape, jax.device_count(), settings.rl, policy.model)
     num_shards = mesh.shape["data"] * mesh.shape["fsdp"]
     check_against_model(settings, policy.model.max_position_embeddings, num_shards)
-    task_kwargs = {"data_dir": settings.raw.task.data_dir} if settings.raw.task.data_dir else {}
-    try:
-        task = get_task(settings.raw.task.name, **task_kwargs)
-    except TypeError:  # generated tasks take no data_dir
-        task = get_task(settings.raw.task.name)
+    task = task_from_config(settings.raw)  # a registered task, or the user's files (kljax.tasks.files)
     task.validate_split(settings.raw.task.split)
-    if settings.raw.task.get("answer_format"):
-        task.answer_format = settings.raw.task.answer_format  # how prompts ask for the final answer
+    for split in str(settings.raw.task.eval_splits).split(","):
+        if split.strip():
+            task.validate_split(split.strip())
+    dropped = check_prompts(task, settings.raw, policy.tokenizer)  # every file row, before anything compiles
+    if any(dropped.values()) and distributed.is_main_process():
+        print(f"kljax train: dropped prompts longer than rl.max_prompt_len={settings.rl.max_prompt_len}: "
+              + ", ".join(f"{n} of split {s!r}" for s, n in dropped.items() if n), flush=True)
+    reward = reward_from_config(settings.raw, task, mesh, policy)
     tx = st.make_optimizer(settings.optim)
     # Two copies of the weights, not three: the state gets its own copy (donated to and updated by
     # every train step), the frozen reference is the loaded one (never donated nor updated; the async
@@ -148,7 +156,7 @@ def build(settings: RunSettings) -> tuple[Run, st.TrainState, Any]:
     def place(batch):
         return jax.device_put(batch, batch_shardings(batch, mesh))
 
-    run = Run(settings, policy, task, mesh, tx, state_sh, step_fn, score_fn, place)
+    run = Run(settings, policy, task, mesh, tx, state_sh, step_fn, score_fn, place, reward)
     return run, state, ref_params
 
 
@@ -176,6 +184,9 @@ class Iteration:
 def step_examples(run: Run, step: int) -> list[Example]:
     """The prompts of 0-based `step`: the data position is the step itself, so a resumed run sees the same."""
     s = run.settings
+    if hasattr(run.task, "epoch_examples"):  # file tasks: every row once per epoch, in a seeded order
+        position = step * s.rl.prompts_per_step + run.data_offset
+        return run.task.epoch_examples(s.raw.task.split, position, s.rl.prompts_per_step, s.seed)
     return run.task.examples(s.raw.task.split, n=s.rl.prompts_per_step, seed=_step_seed(s.seed, step))
 
 
@@ -200,6 +211,7 @@ def iteration(run: Run, state: st.TrainState, ref_params: Any, step: int, *, bet
         ref_params=ref_params, model_config=run.policy.model, rl=rl, kl=kl, beta=beta,
         prompt_format=settings.raw.task.prompt_format, key=key, score_fn=run.score_fn,
         stop_token_ids=run.policy.stop_token_ids, pad_id=run.policy.pad_id, place=run.place, mesh=run.mesh,
+        reward_fn=run.reward,
     )
     queue = collections.deque(snapshots, maxlen=max(rl.async_level, 1))  # a new one: the caller's is left as is
     if rl.async_level:
@@ -221,6 +233,7 @@ def iteration(run: Run, state: st.TrainState, ref_params: Any, step: int, *, bet
         time_update=update_time, time_step=elapsed, tokens_per_s=n_tokens / max(elapsed, 1e-9),
     )
     row["host_memory_mb"] = host_memory_mb()
+    row.update(info.reward_metrics)  # reward/NAME means and error counts (config.reward)
     next_beta = float(adapt_beta(beta, row["kl_seq"], kl)) if math.isfinite(row["kl_seq"]) else beta
     return Iteration(state, queue, next_beta, row, batch, info)
 
@@ -259,14 +272,18 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, resume: bool =
         state = restored["train"]
         snapshots = collections.deque(restored["snapshots"], maxlen=max(rl.async_level, 1))
         beta, start = float(meta["beta"]), int(meta["step"])
+        run.data_offset = int(meta.get("data_position", start * rl.prompts_per_step)) - start * rl.prompts_per_step
         writer.truncate_after(start)
+        if main:
+            run_logs.truncate_jsonl(workdir / "samples.jsonl", start)
     else:
         writer.truncate_after(0)  # rows of an earlier attempt that died before its first checkpoint
         if main:
             (workdir / "config.json").write_text(json.dumps(settings.raw.to_dict(), indent=2, default=str))
+            (workdir / "samples.jsonl").unlink(missing_ok=True)
         before = evaluate_splits(run, state.params)
         if main:
-            (workdir / "eval_before.json").write_text(json.dumps(before, indent=2))
+            run_logs.write_json(workdir / "eval_before.json", before)
 
     done = start
     nonfinite_run = 0
@@ -275,8 +292,21 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, resume: bool =
     for step in bar:
         it = iteration(run, state, ref_params, step, beta=beta, snapshots=snapshots)
         state, snapshots, beta, row = it.state, it.snapshots, it.beta, it.row
+        every = int(settings.raw.get("log_samples_every", 0) or 0)
+        if every and (step + 1) % every == 0 and main and jax.process_count() == 1:
+            records = run_logs.sample_records(step + 1, step_examples(run, step), it.info, it.batch, rl.group_size,
+                                              int(settings.raw.get("log_samples_n", 4)))
+            run_logs.append_jsonl(workdir / "samples.jsonl", records)
         del it  # the batch and rollout info are not needed past the iteration
+        eval_every = int(settings.raw.get("eval_every", 0) or 0)
+        if eval_every and (step + 1) % eval_every == 0 and step + 1 < settings.steps:
+            results = evaluate_splits(run, state.params)
+            row.update(run_logs.eval_metrics(results))
+            if main:
+                run_logs.write_json(workdir / f"eval_step_{step + 1}.json", results)
         writer.write(step + 1, row)
+        if not progress and main:
+            print(run_logs.step_line(step + 1, settings.steps, row), flush=True)
         nonfinite_run = nonfinite_run + 1 if row["nonfinite"] > 0 else 0
         if nonfinite_run >= settings.max_nonfinite_steps:
             writer.close()
@@ -292,17 +322,20 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, resume: bool =
         done = step + 1
         stopping = stop_after is not None and done - start >= stop_after
         if done % settings.checkpoint_every == 0 or done == settings.steps or stopping:
-            ckpt.save(done, _checkpoint_tree(state, snapshots), {"step": done, "beta": beta})
+            ckpt.save(done, _checkpoint_tree(state, snapshots),
+                      {"step": done, "beta": beta, "data_position": done * rl.prompts_per_step + run.data_offset})
         if stopping:
             break
     bar.close()
     writer.close()
     ckpt.close()
+    if run.reward is not None:
+        run.reward.close()
     if done < settings.steps:
         return {"before": {}, "after": {}, "params": state.params, "stopped_at": done}
     after = evaluate_splits(run, state.params)
     if main:
-        (workdir / "eval_after.json").write_text(json.dumps(after, indent=2))
+        run_logs.write_json(workdir / "eval_after.json", after)
     before_path = workdir / "eval_before.json"
     before = json.loads(before_path.read_text()) if before_path.exists() else {}
     return {"before": before, "after": after, "params": state.params}

@@ -1,0 +1,89 @@
+"""A run's reward from its config: reward functions and, with reward.model=DIR, a reward model in JAX.
+
+    reward = reward_from_config(config, task, mesh, policy)   # a RewardSet, or None (the task's own reward)
+
+The reward model scores the conversation [user: prompt, assistant: completion] rendered with its
+tokenizer's chat template (prompt + completion without one), right-padded to a fixed length
+(reward.model_max_len; 0 = twice rl.max_prompt_len + rl.max_new_tokens, at most the model's context;
+longer sequences keep their last tokens), the rows sharded over the mesh's data axes like the
+reference model's batch, its parameters placed by the same logical-axis rules.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from kljax.sharding import data_sharding
+from kljax.tasks.base import Task
+from kljax.tasks.prompting import has_chat_template
+from kljax.train.reward_set import RewardSet
+
+
+class RewardModelFunction:
+    """A loaded reward model as a batched reward function: fn(prompts, completions, **_) -> list[float]."""
+
+    spec = "reward.model"
+
+    def __init__(self, model_dir: str, mesh: Any, max_len: int, dtype: str = "float32"):
+        from transformers import AutoTokenizer
+
+        from kljax.models.reward_model import load_reward_model
+
+        self.rm = load_reward_model(model_dir, mesh=mesh, dtype=dtype, param_dtype=dtype)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.mesh = mesh
+        self.max_len = min(int(max_len), self.rm.config.max_position_embeddings)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else (self.rm.config.pad_token_id or 0))
+
+    def encode(self, prompts: list[str], completions: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Right-padded token ids and mask [N, max_len] of each (prompt, completion)."""
+        chat = has_chat_template(self.tokenizer)
+        ids = np.full((len(prompts), self.max_len), self.pad_id, np.int32)
+        mask = np.zeros((len(prompts), self.max_len), bool)
+        for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+            if chat:
+                text = self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": p}, {"role": "assistant", "content": c}], tokenize=False)
+                toks = self.tokenizer.encode(text, add_special_tokens=False)
+            else:
+                toks = self.tokenizer.encode(p + c)
+            toks = list(toks)[-self.max_len:]
+            ids[i, : len(toks)] = toks
+            mask[i, : len(toks)] = True
+        return ids, mask
+
+    def __call__(self, prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+        from kljax.models.reward_model import reward_scores
+
+        n = len(prompts)
+        ids, mask = self.encode(list(prompts), list(completions))
+        shards = 1 if self.mesh is None else int(self.mesh.shape["data"] * self.mesh.shape["fsdp"])
+        rows = -(-n // shards) * shards
+        if rows != n:  # pad the batch to whole shards with copies of its last row
+            ids = np.concatenate([ids, np.repeat(ids[-1:], rows - n, 0)])
+            mask = np.concatenate([mask, np.repeat(mask[-1:], rows - n, 0)])
+        if self.mesh is None:
+            scores = reward_scores(self.rm.params, self.rm.score, ids, mask, config=self.rm.config)
+        else:
+            with jax.set_mesh(self.mesh):
+                ids_d, mask_d = jax.device_put((ids, mask), data_sharding(self.mesh, 2))
+                scores = reward_scores(self.rm.params, self.rm.score, ids_d, mask_d, config=self.rm.config)
+        return [float(s) for s in np.asarray(jax.device_get(scores))[:n]]
+
+
+def reward_from_config(config: ml_collections.ConfigDict, task: Task, mesh: Any,
+                       policy: Any = None) -> RewardSet | None:
+    """The RewardSet of config.reward (functions + reward model), or None when neither is set."""
+    r = config.get("reward", ml_collections.ConfigDict())
+    model_dir = str(r.get("model", "") or "")
+    model = None
+    if model_dir:
+        default_len = 2 * (int(config.rl.max_prompt_len) + int(config.rl.max_new_tokens))
+        max_len = int(r.get("model_max_len", 0) or 0) or default_len
+        model = RewardModelFunction(model_dir, mesh, max_len, dtype=str(config.model.get("dtype", "float32")))
+    return RewardSet.from_config(config, task, reward_model=model)

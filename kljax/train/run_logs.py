@@ -1,0 +1,109 @@
+"""What a run writes besides checkpoints and metrics: samples.jsonl, eval_step_N.json, one line per step.
+
+    write_json(path, obj)                  JSON with null for NaN/inf (never bare NaN)
+    sample_records(step, examples, info, batch, group_size, n)  -> the samples.jsonl rows of a step
+    eval_metrics(results)                  {"eval/SPLIT/accuracy": ..., "eval/SPLIT/reward": ...}
+    step_line(step, steps, row)            "step 3/10 reward=0.250 accuracy=0.125 kl_seq=0.012 ..."
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+LINE_KEYS = ("reward", "accuracy", "kl_seq", "beta", "entropy", "time_step")
+
+
+def json_safe(obj: Any) -> Any:
+    """`obj` with every non-finite float replaced by None (numpy scalars and arrays made plain)."""
+    if isinstance(obj, Mapping):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return json_safe(obj.tolist())
+    if isinstance(obj, (np.floating, float)):
+        return float(obj) if math.isfinite(float(obj)) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    return obj
+
+
+def dumps(obj: Any, **kwargs: Any) -> str:
+    """json.dumps of `json_safe(obj)` that refuses NaN (allow_nan=False), so the output is strict JSON."""
+    return json.dumps(json_safe(obj), allow_nan=False, **kwargs)
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Write `obj` as indented strict JSON (non-finite numbers as null)."""
+    Path(path).write_text(dumps(obj, indent=2) + "\n")
+
+
+def sample_records(step: int, examples: Sequence[Any], info: Any, batch: Any, group_size: int,
+                   n: int) -> list[dict[str, Any]]:
+    """Up to `n` sequences of a step (this process's rows): prompt, completion, total and per-function
+    rewards, the sequence's advantage (mean over its tokens) and its KL estimate sum_t (log pi - log pi_ref)
+    (null when the rollout did not compute log pi)."""
+    rows = np.arange(len(info.completions)) if info.rows is None else np.asarray(info.rows)
+    mask = np.asarray(batch.response_mask_br, np.float32)
+    adv = np.asarray(batch.advantages_br, np.float32)
+    logp = info.scored.get("logp")
+    kl = None
+    if logp is not None:
+        kl = (np.asarray(logp, np.float32) - np.asarray(batch.ref_logp_br, np.float32)) * mask
+    out = []
+    for j, r in enumerate(rows[:n]):
+        r = int(r)
+        tokens = float(mask[r].sum())
+        ex = examples[r // group_size]
+        out.append({
+            "step": int(step), "example": ex.id, "prompt": ex.prompt, "answer": ex.answer,
+            "completion": info.completions[j], "reward": float(info.rewards[j]),
+            "rewards": {k: float(v[j]) for k, v in info.reward_parts.items()},
+            "advantage": float((adv[r] * mask[r]).sum() / max(tokens, 1.0)),
+            "kl": None if kl is None else float(kl[r].sum()), "response_tokens": int(tokens),
+        })
+    return out
+
+
+def append_jsonl(path: str | os.PathLike, records: Sequence[Mapping[str, Any]]) -> None:
+    """Append one strict-JSON line per record."""
+    with open(path, "a", encoding="utf-8") as f:
+        for rec in records:
+            f.write(dumps(rec) + "\n")
+
+
+def truncate_jsonl(path: str | os.PathLike, step: int) -> None:
+    """Drop the lines of `path` with "step" > `step` (a resumed run rewrites them)."""
+    path = Path(path)
+    if not path.exists():
+        return
+    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
+    path.write_text("".join(line + "\n" for line in keep))
+
+
+def eval_metrics(results: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+    """The metrics-row entries of an evaluation: eval/SPLIT/accuracy and eval/SPLIT/reward."""
+    out = {}
+    for split, r in results.items():
+        out[f"eval/{split}/accuracy"] = float(r["accuracy"])
+        out[f"eval/{split}/reward"] = float(r["reward"])
+    return out
+
+
+def step_line(step: int, steps: int, row: Mapping[str, float]) -> str:
+    """One line for a step (for --no-progress): step, then the main metrics present in `row`."""
+    parts = [f"step {step}/{steps}"]
+    for key in (*LINE_KEYS, *sorted(k for k in row if k.startswith(("reward/", "eval/")) and "/errors" not in k)):
+        v = row.get(key)
+        if isinstance(v, (int, float)):
+            parts.append(f"{key}={v:.4g}" if key != "time_step" else f"{key}={v:.2f}s")
+    return " ".join(parts)
