@@ -1,10 +1,12 @@
-"""A short training run on the user's own JSONL and reward file (tiny model): per-function rewards,
-epochs resumed where they stopped, evaluation during training, samples.jsonl, one line per step, and
-JSON files without NaN."""
+"""A short training run on the user's own JSONL, reward file and a reward model (tiny models):
+per-function rewards, epochs resumed where they stopped, evaluation during training, samples.jsonl,
+one line per step, and JSON files without NaN."""
 
 from __future__ import annotations
 
 import json
+
+import pytest
 
 from kljax.cli import main as cli_main
 from kljax.metrics import deterministic, read_jsonl
@@ -18,7 +20,7 @@ def digits(prompts, completions, answer, level, **kw):
 '''
 
 
-def user_run(tmp_path):
+def user_run(tmp_path, reward_model=False):
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{a}+{a % 7}=", "answer": str(a + a % 7), "level": a % 3}) + "\n"
                             for a in range(10)))
@@ -29,11 +31,22 @@ def user_run(tmp_path):
         f"--config.reward.functions={tmp_path / 'my_reward.py'}:digits,exact_match", "--config.reward.weights=(1.0,2.0)",
         "--config.steps=4", "--config.checkpoint_every=100", "--config.eval_every=2", "--config.log_samples_every=2",
         "--config.log_samples_n=3", "--config.rl.prompts_per_step=4", "--config.mesh.fsdp=4", "--config.mesh.tensor=2",
-    ]
+    ] + ([f"--config.reward.model={save_reward_model(tmp_path / 'rm')}", "--config.reward.model_weight=0.5"]
+         if reward_model else [])
+
+
+def save_reward_model(path):
+    pytest.importorskip("torch")
+    from kljax.bench.rl import save_char_tokenizer
+    from tests.test_reward_model import save_tiny_reward_model
+
+    save_tiny_reward_model("llama3", path)
+    save_char_tokenizer(path, vocab_size=96)
+    return path
 
 
 def test_user_data_and_reward_run_and_resume(tmp_path, capsys):
-    overrides = user_run(tmp_path)
+    overrides = user_run(tmp_path, reward_model=True)
     full = tmp_path / "full"
     assert cli_main(["train", "--config", "configs/tiny.py", "--workdir", str(full), "--no-progress", *overrides]) == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("step ")]
@@ -41,12 +54,13 @@ def test_user_data_and_reward_run_and_resume(tmp_path, capsys):
     assert "reward/digits=" in lines[0] and "eval/test/accuracy=" in lines[1]
     rows = read_jsonl(full / "metrics.jsonl")
     for r in rows:
-        assert abs(r["reward"] - (r["reward/digits"] + 2 * r["reward/exact_match"])) < 1e-5
+        want = r["reward/digits"] + 2 * r["reward/exact_match"] + 0.5 * r["reward/reward_model"]
+        assert abs(r["reward"] - want) < 1e-5 and r["reward/reward_model"] != 0
     assert "eval/test/accuracy" in rows[1] and "eval/test/accuracy" not in rows[0]
     assert json.loads((full / "eval_step_2.json").read_text())["test"]["n"] == 2
     samples = [json.loads(ln) for ln in (full / "samples.jsonl").read_text().splitlines()]
     assert [s["step"] for s in samples] == [2, 2, 2, 4, 4, 4]
-    assert set(samples[0]["rewards"]) == {"digits", "exact_match"}
+    assert set(samples[0]["rewards"]) == {"digits", "exact_match", "reward_model"}
     assert all(isinstance(s["kl"], float) and isinstance(s["advantage"], float) for s in samples)
     for name in ("eval_before.json", "eval_after.json", "eval_step_2.json"):
         assert "NaN" not in (full / name).read_text()
