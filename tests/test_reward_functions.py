@@ -141,7 +141,7 @@ class Raises(type(get_task("arithmetic"))):
 
 def test_task_check_that_raises_or_returns_a_float_is_an_error():
     examples = get_task("arithmetic").examples("test", n=2)
-    with pytest.raises(ValueError, match=r"task 'returns_float': check\(\) returned float 1\.0.*Score\(reward, correct\)"):
+    with pytest.raises(ValueError, match=r"'returns_float': check\(\) returned float 1\.0.*Score\(reward, correct\)"):
         score_batch(ReturnsFloat(), examples, ["a", "b"])
     with pytest.raises(ValueError, match=r"task 'raises': check\(\) raised KeyError"):
         score_batch(Raises(), examples, ["a", "b"])

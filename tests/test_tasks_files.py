@@ -76,7 +76,7 @@ def test_missing_keys_name_the_file_and_row(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", rows)
     with pytest.raises(ValueError, match=r"d\.jsonl, row 4: prompt column 'question' \(task\.prompt_key\).*missing"):
         FileTask("jsonl", str(path), prompt_key="question")
-    with pytest.raises(ValueError, match=r"row 1: answer column 'solution'.*columns: \['answer', 'level', 'question'\]"):
+    with pytest.raises(ValueError, match=r"row 1: answer column 'solution'.*\['answer', 'level', 'question'\]"):
         FileTask("jsonl", str(write_jsonl(tmp_path / "e.jsonl", ROWS[:3])), prompt_key="question",
                  answer_key="solution")
     with pytest.raises(ValueError, match=r"row 1: task\.prompt_template=.*names 'nope'"):

@@ -28,7 +28,8 @@ def user_run(tmp_path, reward_model=False):
     return [
         "--config.task.name=jsonl", f"--config.task.path={data}", "--config.task.answer_key=answer",
         "--config.task.eval_splits=test", "--config.task.eval_fraction=0.2",
-        f"--config.reward.functions={tmp_path / 'my_reward.py'}:digits,exact_match", "--config.reward.weights=(1.0,2.0)",
+        f"--config.reward.functions={tmp_path / 'my_reward.py'}:digits,exact_match",
+        "--config.reward.weights=(1.0,2.0)",
         "--config.steps=4", "--config.checkpoint_every=100", "--config.eval_every=2", "--config.log_samples_every=2",
         "--config.log_samples_n=3", "--config.rl.prompts_per_step=4", "--config.mesh.fsdp=4", "--config.mesh.tensor=2",
     ] + ([f"--config.reward.model={save_reward_model(tmp_path / 'rm')}", "--config.reward.model_weight=0.5"]
