@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bias-study": ("kljax.bias.cli", "exact and Monte-Carlo gradient bias/variance of KL configurations"),
     "convert": ("kljax.models.cli_convert", "convert a Hugging Face checkpoint to kljax (and back)"),
     "generate": ("kljax.models.cli_generate", "generate text from a model directory"),
+    "export": ("kljax.export_cli", "write a run's trained policy as a Hugging Face checkpoint with its tokenizer"),
     "train": ("kljax.train.cli_train", "RL fine-tuning with a chosen KL configuration (the main job)"),
     "plot-run": ("kljax.train.cli_plot", "draw a run's metric curves as PNG"),
     "plan": ("kljax.plan_cli", "per-device memory of a run on a given mesh (AOT compile, nothing allocated)"),

@@ -12,7 +12,6 @@ configs/default.py otherwise); flags and `--config.field=value` overrides change
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -76,8 +75,9 @@ def run(args: argparse.Namespace) -> int:
             config, k=args.k, n_samples=args.n_samples, n_examples=args.n_examples, temperature=args.temperature,
             batch_size=args.batch_size, prompt_format=args.prompt_format, seed=args.seed,
         )
-        specs = args.tasks or ",".join(f"{config.task.name}:{s}" for s in str(config.task.eval_splits).split(","))
-        splits = ev.parse_tasks(specs, data_dir=str(config.task.get("data_dir", "") or ""))
+        from kljax.eval_tasks import splits_for
+
+        splits = splits_for(config, args.tasks)  # the run's own task (file tasks too) or name:split specs
         results = ev.evaluate(policy, params, splits, settings, mesh, train_task=train_task,
                               progress=not args.no_progress)
     except ValueError as e:
@@ -91,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
         used = {**dataclasses.asdict(settings), "n_samples": settings.samples}
         payload = {**source, "settings": used, "summary": summary, "results": results}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(payload, indent=2))
+        from kljax.train.run_logs import dumps
+
+        Path(args.json).write_text(dumps(payload, indent=2))  # strict JSON: null, never NaN
         print(f"wrote {args.json}")
     return 0

@@ -1,15 +1,23 @@
 """A short training run on the user's own JSONL, reward file and a reward model (tiny models):
 per-function rewards, epochs resumed where they stopped, evaluation during training, samples.jsonl,
-one line per step, and JSON files without NaN."""
+one line per step, JSON files without NaN; and out and back: `kljax export` to an HF checkpoint that
+transformers loads with the same logits, `kljax eval` and `kljax generate --checkpoint` on the run."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
+import jax
+import numpy as np
 import pytest
 
+from kljax import evaluate as ev
 from kljax.cli import main as cli_main
 from kljax.metrics import deterministic, read_jsonl
+from kljax.models import transformer as tfm
+from kljax.tokenizers import CharTokenizer
 from kljax.train.config import apply_overrides, load_config
 from kljax.train.trainer import train
 
@@ -46,11 +54,22 @@ def save_reward_model(path):
     return path
 
 
-def test_user_data_and_reward_run_and_resume(tmp_path, capsys):
-    overrides = user_run(tmp_path, reward_model=True)
-    full = tmp_path / "full"
-    assert cli_main(["train", "--config", "configs/tiny.py", "--workdir", str(full), "--no-progress", *overrides]) == 0
-    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("step ")]
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    """(tmp dir, overrides, workdir, stdout) of a 4-step CLI run with --no-progress."""
+    tmp = tmp_path_factory.mktemp("user_run")
+    overrides = user_run(tmp, reward_model=True)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli_main(["train", "--config", "configs/tiny.py", "--workdir", str(tmp / "full"), "--no-progress",
+                         *overrides])
+    assert code == 0, out.getvalue()[-2000:]
+    return tmp, overrides, tmp / "full", out.getvalue()
+
+
+def test_what_the_run_writes(full_run):
+    _, _, full, stdout = full_run
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("step ")]
     assert [ln.split()[1] for ln in lines] == ["1/4", "2/4", "3/4", "4/4"]
     assert "reward/digits=" in lines[0] and "eval/test/accuracy=" in lines[1]
     rows = read_jsonl(full / "metrics.jsonl")
@@ -66,15 +85,54 @@ def test_user_data_and_reward_run_and_resume(tmp_path, capsys):
     for name in ("eval_before.json", "eval_after.json", "eval_step_2.json"):
         assert "NaN" not in (full / name).read_text()
 
+
+def test_resume_continues_the_epochs_where_they_stopped(full_run):
+    tmp, overrides, full, _ = full_run
     # Stopped after 3 steps (an epoch of 8 train rows is 2 steps) and resumed: the same run.
     config = apply_overrides(load_config("configs/tiny.py"), overrides)
-    split = tmp_path / "split"
+    split = tmp / "split"
     assert train(config, split, progress=False, stop_after=3)["stopped_at"] == 3
     train(config, split, resume=True, progress=False)
-    assert [deterministic(r) for r in read_jsonl(split / "metrics.jsonl")] == [deterministic(r) for r in rows]
+    want = [deterministic(r) for r in read_jsonl(full / "metrics.jsonl")]
+    assert [deterministic(r) for r in read_jsonl(split / "metrics.jsonl")] == want
     assert (split / "samples.jsonl").read_text() == (full / "samples.jsonl").read_text()
     meta = json.loads(next((split / "checkpoints").glob("4/meta/metadata")).read_text())
     assert meta["data_position"] == 16
+
+
+def test_export_loads_in_transformers_with_the_same_logits(full_run, tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    workdir = full_run[2]
+    out = tmp_path / "hf"
+    assert cli_main(["export", str(workdir), "--out", str(out)]) == 0
+    assert "exported step 4" in capsys.readouterr().out
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    text = "12+3=45"
+    ids = CharTokenizer().encode(text)
+    assert tokenizer.encode(text, add_special_tokens=False) == ids and tokenizer.decode(ids) == text
+    params, policy, _, step = ev.restore_params(workdir)
+    want = np.asarray(tfm.apply(jax.device_get(params), np.asarray([ids], np.int32), config=policy.model))
+    with torch.no_grad():
+        got = model(torch.tensor([ids])).logits.numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+    assert cli_main(["export", str(workdir), "--out", str(out)]) == 2  # not over a non-empty --out
+    assert "--overwrite" in capsys.readouterr().err
+    assert cli_main(["export", str(workdir), "--out", str(out), "--overwrite", "--step", "4"]) == 0
+
+
+def test_eval_and_generate_from_the_runs_checkpoint(full_run, tmp_path, capsys):
+    workdir = full_run[2]
+    report = tmp_path / "eval.json"
+    assert cli_main(["eval", "--checkpoint", str(workdir), "--k", "1", "--no-progress", "--json", str(report)]) == 0
+    payload = json.loads(report.read_text())
+    assert list(payload["results"]) == ["jsonl:test"] and payload["results"]["jsonl:test"]["n"] == 2
+    assert "NaN" not in report.read_text()
+    capsys.readouterr()
+    assert cli_main(["generate", "--checkpoint", str(workdir), "--prompt", "1+1=", "--max-new-tokens", "3"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert len(out) <= 3 and set(out) <= set(CharTokenizer().alphabet)
 
 
 def test_a_failing_user_reward_stops_the_run_with_exit_2(tmp_path, capsys):

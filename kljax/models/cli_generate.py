@@ -1,6 +1,7 @@
 """`kljax generate`: greedy text from a model directory (HF checkpoint or kljax orbax dir).
 
     kljax generate [--model DIR] --prompt "..." [--max-new-tokens N] [--chat]
+    kljax generate --checkpoint WORKDIR [--step N] --prompt "..."   (a run's policy, prompted as in the run)
 Without --model, the embedded SmolLM2-135M-Instruct is used.
 """
 
@@ -11,6 +12,9 @@ import argparse
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="HF checkpoint or kljax orbax dir (default: embedded SmolLM2)")
+    parser.add_argument("--checkpoint", metavar="WORKDIR",
+                        help="a `kljax train` workdir: its checkpoint, prompted as the run was")
+    parser.add_argument("--step", type=int, default=None, help="with --checkpoint: this step instead of the latest")
     parser.add_argument("--prompt", action="append", required=True, help="a prompt (repeatable)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
@@ -31,6 +35,12 @@ def run(args: argparse.Namespace) -> int:
     empty = [i for i, p in enumerate(args.prompt) if not p]
     if empty:
         raise UserError(f"--prompt number {empty[0] + 1} is empty; give some text")
+    if args.checkpoint:
+        if args.model:
+            raise UserError("give --model or --checkpoint, not both")
+        from kljax.models.generate_checkpoint import run_checkpoint
+
+        return run_checkpoint(args)
     model_dir = args.model or str(default_model_dir())
     orbax = is_orbax_model(model_dir)
     dtypes = dict(param_dtype=args.dtype, dtype=args.dtype)
