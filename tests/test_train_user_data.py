@@ -86,6 +86,17 @@ def test_what_the_run_writes(full_run):
         assert "NaN" not in (full / name).read_text()
 
 
+def test_plot_run_shows_kl_configuration_beta_and_evaluations(full_run):
+    from kljax.train.cli_plot import eval_points, plot_run, run_title
+
+    full = full_run[2]
+    kl = json.loads((full / "config.json").read_text())["kl"]
+    title = run_title(full)
+    assert f"KL {kl['estimator']} in {kl['placement']}" in title and f"beta {kl['beta']}" in title
+    assert [s for s, _ in eval_points(full, read_jsonl(full / "metrics.jsonl"))["test"]] == [0, 2, 4]
+    assert plot_run(full).stat().st_size > 10_000
+
+
 def test_resume_continues_the_epochs_where_they_stopped(full_run):
     tmp, overrides, full, _ = full_run
     # Stopped after 3 steps (an epoch of 8 train rows is 2 steps) and resumed: the same run.

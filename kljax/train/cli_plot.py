@@ -6,12 +6,15 @@ import argparse
 import math
 from pathlib import Path
 
-DEFAULT_KEYS = ("reward", "accuracy", "kl_seq", "k3", "entropy", "grad_norm", "response_length", "clip_fraction",
-                "pg_loss", "kl_loss", "tokens_per_s", "time_step")
+DEFAULT_KEYS = ("reward", "accuracy", "kl_seq", "beta", "k3", "entropy", "grad_norm", "response_length",
+                "clip_fraction", "pg_loss", "kl_loss", "tokens_per_s", "time_step")
+EVAL_PANEL = "eval (greedy accuracy)"
 
 
 def plot_run(workdir: str | Path, keys: tuple[str, ...] = DEFAULT_KEYS, out: str | Path | None = None) -> Path:
-    """Draw each metric against the step; returns the PNG path (default WORKDIR/curves.png)."""
+    """Draw each metric against the step, and the evaluations during the run (config.eval_every, with
+    eval_before/eval_after.json at the ends) as points; the title names the KL configuration and beta
+    (WORKDIR/config.json). Returns the PNG path (default WORKDIR/curves.png)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -24,10 +27,21 @@ def plot_run(workdir: str | Path, keys: tuple[str, ...] = DEFAULT_KEYS, out: str
     if not rows:
         raise ValueError(f"{workdir / 'metrics.jsonl'} has no rows: is {workdir} a kljax train workdir?")
     keys = tuple(k for k in keys if any(isinstance(r.get(k), (int, float)) for r in rows))
+    evals = eval_points(workdir, rows)
+    if evals:
+        keys = (*keys, EVAL_PANEL)
     cols = 4
     nrows = math.ceil(len(keys) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 2.8 * nrows), squeeze=False)
     for ax, key in zip(axes.flat, keys, strict=False):
+        if key == EVAL_PANEL:
+            for split, pts in sorted(evals.items()):
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", lw=1, ms=4, label=split)
+            ax.legend(fontsize=7)
+            ax.set_title(key, fontsize=10)
+            ax.set_xlabel("step", fontsize=8)
+            ax.grid(alpha=0.3)
+            continue
         pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=1.2)
         ax.set_title(key, fontsize=10)
@@ -35,12 +49,46 @@ def plot_run(workdir: str | Path, keys: tuple[str, ...] = DEFAULT_KEYS, out: str
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(keys) :]:
         ax.axis("off")
-    fig.suptitle(str(workdir))
+    fig.suptitle(f"{workdir}\n{run_title(workdir)}", fontsize=10)
     fig.tight_layout()
     out = Path(out) if out else workdir / "curves.png"
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def run_title(workdir: Path) -> str:
+    """The KL configuration and beta of a run (from WORKDIR/config.json; "" without one)."""
+    import json
+
+    path = Path(workdir) / "config.json"
+    if not path.is_file():
+        return ""
+    kl = json.loads(path.read_text()).get("kl", {})
+    parts = [f"KL {kl.get('estimator')} in {kl.get('placement')}", f"credit {kl.get('credit')}",
+             f"scope {kl.get('scope')}", f"off-policy {kl.get('off_policy')}", f"beta {kl.get('beta')}"]
+    if kl.get("target_kl") is not None:
+        parts.append(f"adaptive to target KL {kl['target_kl']}")
+    return ", ".join(parts)
+
+
+def eval_points(workdir: Path, rows: list[dict]) -> dict[str, list[tuple[int, float]]]:
+    """{split: [(step, greedy accuracy)]}: eval_before.json at step 0, the eval/SPLIT/accuracy entries of
+    metrics.jsonl, eval_after.json at the last step."""
+    import json
+
+    points: dict[str, list[tuple[int, float]]] = {}
+    for r in rows:
+        for k, v in r.items():
+            if k.startswith("eval/") and k.endswith("/accuracy") and isinstance(v, (int, float)):
+                points.setdefault(k[len("eval/"):-len("/accuracy")], []).append((r["step"], v))
+    for name, step in (("eval_before.json", 0), ("eval_after.json", max(r["step"] for r in rows))):
+        path = Path(workdir) / name
+        if path.is_file():
+            for split, result in json.loads(path.read_text()).items():
+                if isinstance(result, dict) and isinstance(result.get("accuracy"), (int, float)):
+                    points.setdefault(split, []).append((step, result["accuracy"]))
+    return {split: sorted(pts) for split, pts in points.items()}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
