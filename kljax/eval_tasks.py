@@ -1,9 +1,9 @@
 """The task splits `kljax eval` evaluates, for any run config: its own task (file tasks included) or
 "name:split" specs.
 
-A spec naming the run's own task ("jsonl:test" for a run on a JSONL file) uses the task as the run
-built it from its config (files, keys, templates); other specs go to the registry
-(`kljax.evaluate.parse_tasks`).
+A spec naming the run's own task ("jsonl:test" for a run on a JSONL file, "arithmetic:ood_ops" for
+a run on arithmetic) uses the task as the run built it from its config (files, keys, templates,
+system prompt, answer format); other specs go to the registry (`kljax.evaluate.parse_tasks`).
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ def splits_for(config: ml_collections.ConfigDict, specs: str | None = None) -> l
         specs = ",".join(f"{name}:{s.strip()}" for s in str(config.task.eval_splits).split(",") if s.strip())
     own, others = [], []
     for item in filter(None, (s.strip() for s in specs.split(","))):
-        (own if item.partition(":")[0] in FORMATS else others).append(item)
+        item_name = item.partition(":")[0].strip()
+        (own if item_name in FORMATS or item_name == name else others).append(item)
     out: list[Split] = []
     if own:
-        if name not in FORMATS:
+        if any(i.partition(":")[0].strip() != name for i in own):
             raise ValueError(f"--tasks {own[0]!r}: a data format names the run's own file task, but this run's "
                              f"task is {name!r}")
         task = task_from_config(config)

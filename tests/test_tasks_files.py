@@ -147,3 +147,17 @@ def test_check_uses_the_answer_column(tmp_path):
     assert task.check(ex, "so \\boxed{4}").correct and not task.check(ex, "\\boxed{5}").correct
     assert not FileTask("jsonl", str(tmp_path / "d.jsonl"), prompt_key="question", eval_fraction=0).check(
         ex, "\\boxed{4}").correct
+
+
+def test_eval_uses_the_runs_own_task_as_configured(tmp_path):
+    from kljax.eval_tasks import splits_for
+
+    splits = splits_for(config(system_prompt=""))
+    assert [s.spec for s in splits] == ["repeat_digit:test"] and splits[0].task.system_prompt is None
+    path = write_jsonl(tmp_path / "d.jsonl", ROWS)
+    file_run = config(name="jsonl", path=str(path), prompt_key="question", eval_splits="test")
+    (split,) = splits_for(file_run)
+    assert split.spec == "jsonl:test" and len(split.task.examples("test")) == 2
+    assert [s.spec for s in splits_for(file_run, "jsonl,arithmetic:ood_ops")] == ["jsonl:test", "arithmetic:ood_ops"]
+    with pytest.raises(ValueError, match=r"'csv:test'.*this run's task is 'jsonl'"):
+        splits_for(file_run, "csv:test")
