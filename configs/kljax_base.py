@@ -53,7 +53,7 @@ def base() -> ml_collections.ConfigDict:
     )
     c.rl = ml_collections.ConfigDict(
         dict(advantage="rloo", group_size=4, prompts_per_step=8, max_prompt_len=64, max_new_tokens=32,
-             temperature=1.0, top_p=1.0, top_k=0, loss_aggregation="seq-mean-token-mean", clip_low=0.2,
+             temperature=1.0, top_p=1.0, top_k=0, loss_aggregation="seq-mean-token-sum-norm", clip_low=0.2,
              clip_high=None, updates_per_batch=1, async_level=0, micro_batches=1,
              # on-policy in float32, take log pi of the sampled tokens from the sampler instead of a
              # second forward pass (16-bit compute always re-scores: rounding differs)

@@ -30,6 +30,9 @@ def get_config():
     c.kl.beta = 0.05                    # grid {0, 0.05, 0.1, 0.3, 1} (secondary source)
     c.rl.advantage = "rloo"
     c.rl.group_size = 5                 # guess (secondary source)
+    # OUR CHOICE (the paper does not state its aggregation): a constant normalizer, so every term of
+    # the loss is weighted alike and the gradient is grad J / max_new_tokens (`kljax kl-configs`).
+    c.rl.loss_aggregation = "seq-mean-token-sum-norm"
     c.rl.prompts_per_step = 64          # guess: 320 sequences, so micro-batches split over 8-32 devices
     c.rl.max_prompt_len = 512           # guess
     c.rl.max_new_tokens = 1024          # guess

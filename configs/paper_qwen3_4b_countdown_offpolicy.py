@@ -24,7 +24,9 @@ def get_config():
     c.kl.off_policy = "token_ratio"
     c.kl.beta = 0.005                   # GUESS (secondary source)
     c.rl.advantage = "dr_grpo"
-    c.rl.loss_aggregation = "seq-mean-token-sum-norm"  # Dr. GRPO's constant normalizer
+    # Dr. GRPO's constant normalizer (OUR CHOICE: the paper names Dr. GRPO, not its aggregation). With a
+    # stale sampler no setting is unbiased for grad J (`kljax kl-configs --async-level 10`).
+    c.rl.loss_aggregation = "seq-mean-token-sum-norm"
     c.rl.group_size = 16                # GUESS (secondary source)
     c.rl.prompts_per_step = 32          # GUESS: 512 sequences (secondary source)
     c.rl.async_level = 10               # the paper: 10 steps stale

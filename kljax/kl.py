@@ -23,16 +23,15 @@ and its KL part must be estimated from samples. A configuration chooses
   - `beta`, fixed, or adaptive toward `target_kl` (`adapt_beta`).
 
 `kl_terms` turns a config and log-probs into `KLTerms` (the detached reward penalty to subtract
-from returns, and the differentiable loss term); `kl_surrogate` composes them into one scalar per
-sequence whose gradient is the configuration's KL-gradient estimate, exactly as the trainer
-differentiates it (minus the baseline, which has zero mean on-policy). `describe` says what that
-gradient is in expectation. All of it is checked by exact enumeration in tests/test_kl_exact.py.
+from returns, and the differentiable loss term); the objective (`kljax.rl.objective`, whose
+`kl_surrogate` is the KL part alone) composes them as the trainer differentiates them. `describe`
+says what the KL part's gradient is in expectation. All of it is checked by exact enumeration in
+tests/test_kl_exact.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -240,36 +239,6 @@ def sequence_weight(
     return w if truncation is None else jnp.minimum(w, truncation)
 
 
-def token_ratio(logp_bt: Array, sampler_logp_bt: Array | None) -> Array:
-    """w_t = pi_theta/mu with a differentiable numerator: exp(logp - stop_grad(sampler_logp)). [B, T].
-
-    On-policy (sampler_logp None) its value is 1 and its gradient is grad log pi.
-    """
-    logp = est.as_float(logp_bt)
-    ref = logp if sampler_logp_bt is None else est.as_float(sampler_logp_bt)
-    return jnp.exp(logp - jax.lax.stop_gradient(ref))
-
-
-def kl_surrogate(
-    config: KLConfig,
-    logp_bt: Array,
-    ref_logp_bt: Array,
-    mask_bt: Array,
-    sampler_logp_bt: Array | None = None,
-    full_kl_bt: Array | None = None,
-) -> Array:
-    """Per-sequence scalar [B] whose gradient is this configuration's KL-gradient estimate (beta = 1).
-
-    = sum_t w_t * penalty_bt + loss_b, where w_t is the policy loss's token ratio through which the
-    trainer applies the reward part (`token_ratio`); with no baseline. Its expectation over the
-    sampler's sequences is what `describe` states and what tests/test_kl_exact.py enumerates.
-    """
-    terms = kl_terms(config, logp_bt, ref_logp_bt, mask_bt, sampler_logp_bt, full_kl_bt)
-    sampler = None if sampler_logp_bt is None else masked(sampler_logp_bt, mask_bt)
-    ratio_bt = token_ratio(masked(logp_bt, mask_bt), sampler)
-    return jnp.sum(ratio_bt * terms.penalty_bt, axis=1) + terms.loss_b
-
-
 KL_METRICS = ("k1", "k2", "k3", "kl_seq")
 
 
@@ -309,17 +278,10 @@ def adapt_beta(beta: float | Array, observed_kl: float | Array, config: KLConfig
     return beta * (1.0 + error * n_steps / config.adapt_horizon)
 
 
-def warn_if_biased(config: KLConfig) -> None:
-    """Warn (KLBiasWarning) when a run uses a configuration that is biased or regularizes nothing."""
-    info = describe(config)
-    if info.warning:
-        warnings.warn(info.warning, KLBiasWarning, stacklevel=2)
-
-
 from kljax.kl_describe import KLDescription, config_name, describe  # noqa: E402  (re-exported)
 
 __all__ = [
     "KLBiasWarning", "KLConfig", "KLDescription", "KLTerms", "adapt_beta", "config_name", "describe",
-    "KL_METRICS", "kl_metric_sums", "kl_metrics", "kl_metrics_from_sums", "kl_surrogate", "kl_terms", "masked",
-    "sequence_weight", "token_ratio", "validate", "warn_if_biased",
+    "KL_METRICS", "kl_metric_sums", "kl_metrics", "kl_metrics_from_sums", "kl_terms", "masked",
+    "sequence_weight", "validate",
 ]

@@ -1,4 +1,5 @@
-"""The KL configurations of KL_MATH.md as ready presets, and the `kljax kl-configs` command."""
+"""The KL configurations as ready presets, and the `kljax kl-configs` command: each preset's
+expected gradient under a run's aggregation, advantage and sampler staleness (`kljax.rl.describe`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,11 @@ import argparse
 import dataclasses
 import json
 
-from kljax.kl import KLConfig, describe
+from kljax.advantages import METHODS, MIN_GROUP
+from kljax.kl import KLConfig
+from kljax.rl.describe import RunObjective, describe_objective
+from kljax.rl.objective import AGGREGATIONS, DEFAULT_AGGREGATION
+from kljax.train.config import RLConfig
 
 _S = KLConfig
 # (preset, who uses it / why it is in the table)
@@ -31,21 +36,31 @@ PRESETS: tuple[tuple[KLConfig, str], ...] = (
 )
 
 
-def table_rows() -> list[dict]:
-    """One dict per preset: name, the settings, gradient, unbiased, unbiased_off_policy, off_policy_note, note."""
+def table_rows(run: RunObjective | None = None) -> list[dict]:
+    """One dict per preset under the run's other settings (`run`, default: the default run's):
+    name, the KL settings, aggregation, advantage, unbiased (for grad J up to a constant), verdict,
+    scale, gradient (of the whole objective), kl_gradient and kl_unbiased (the KL part alone),
+    unbiased_off_policy, off_policy_note, note."""
+    run = run or RunObjective(KLConfig())
     rows = []
     for config, note in PRESETS:
-        info = describe(config)
+        info = describe_objective(dataclasses.replace(run, kl=config))
         skip = ("beta", "target_kl", "adapt_horizon")
         settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in skip}
         rows.append(
             {
-                "name": info.name,
+                "name": info.kl.name,
                 **settings,
-                "gradient": info.gradient,
+                "aggregation": run.aggregation,
+                "advantage": run.advantage,
                 "unbiased": info.unbiased,
-                "unbiased_off_policy": info.unbiased_off_policy,
-                "off_policy_note": info.off_policy,
+                "verdict": info.verdict,
+                "scale": info.scale,
+                "gradient": info.gradient,
+                "kl_gradient": info.kl.gradient,
+                "kl_unbiased": info.kl.unbiased,
+                "unbiased_off_policy": info.kl.unbiased_off_policy,
+                "off_policy_note": info.kl.off_policy,
                 "note": note,
             }
         )
@@ -54,17 +69,36 @@ def table_rows() -> list[dict]:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print a JSON list of objects instead of a table")
+    parser.add_argument("--aggregation", default=DEFAULT_AGGREGATION, choices=AGGREGATIONS,
+                        help="rl.loss_aggregation the verdicts are for (default: %(default)s, the default run's)")
+    parser.add_argument("--advantage", default="rloo", choices=METHODS, help="rl.advantage (default: %(default)s)")
+    parser.add_argument("--group-size", type=int, default=RLConfig.group_size,
+                        help="rl.group_size (default: %(default)s)")
+    parser.add_argument("--max-new-tokens", type=int, default=RLConfig.max_new_tokens,
+                        help="rl.max_new_tokens, the seq-mean-token-sum-norm normalizer (default: %(default)s)")
+    parser.add_argument("--async-level", type=int, default=0, help="rl.async_level: stale samplers (default: 0)")
 
 
 def run(args: argparse.Namespace) -> int:
-    rows = table_rows()
+    if args.group_size < MIN_GROUP[args.advantage]:
+        raise ValueError(f"--group-size={args.group_size}: advantage {args.advantage!r} needs >= "
+                         f"{MIN_GROUP[args.advantage]}")
+    for name in ("max_new_tokens", "async_level"):
+        if getattr(args, name) < (1 if name == "max_new_tokens" else 0):
+            raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} is out of range")
+    objective = RunObjective(KLConfig(), args.aggregation, args.advantage, args.group_size,
+                             async_level=args.async_level, max_new_tokens=args.max_new_tokens)
+    rows = table_rows(objective)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     width = max(len(r["name"]) for r in rows)
-    print(f"{'name':<{width}}  unbiased  expected gradient (on-policy)")
+    print(f"objective: loss_aggregation={args.aggregation}, advantage={args.advantage}, group_size={args.group_size}, "
+          f"max_new_tokens={args.max_new_tokens}, async_level={args.async_level}")
+    print("J = E[R] - beta KL_seq; 'gradient' is E[-grad loss], the direction the trainer moves in on average")
+    print(f"{'name':<{width}}  verdict   expected gradient of the whole objective")
     for r in rows:
-        mark = "yes" if r["unbiased"] else "no"
-        print(f"{r['name']:<{width}}  {mark:<8}  {r['gradient']}")
+        print(f"{r['name']:<{width}}  {r['verdict']:<8}  {r['gradient']}")
+        print(f"{'':<{width}}  {'':<8}  KL part: {r['kl_gradient']}")
         print(f"{'':<{width}}  {'':<8}  ({r['note']}; off-policy: {r['off_policy_note']})")
     return 0

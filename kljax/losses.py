@@ -1,9 +1,5 @@
-"""Policy-gradient surrogates with PPO-style clipping, and loss aggregation as (sum, denominator).
-
-Aggregation returns a (sum, denominator) pair instead of a mean so that gradient accumulation over
-micro-batches and reductions over hosts can take a true global mean: sum the sums, sum the
-denominators, divide once.
-"""
+"""The policy-gradient surrogate with PPO-style clipping, per token. How tokens and sequences are
+weighed and summed into the loss is the objective's (`kljax.rl.objective`)."""
 
 from __future__ import annotations
 
@@ -14,8 +10,6 @@ from kljax.estimators import as_float
 from kljax.kl import masked
 
 Array = jax.Array
-
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
 def policy_loss(
@@ -49,35 +43,3 @@ def policy_loss(
         surrogate = jnp.minimum(unclipped, clipped_obj)
         clipped = (clipped_obj < unclipped).astype(unclipped.dtype)
     return -surrogate * mask, clipped * mask
-
-
-def aggregate(values_bt: Array, mask_bt: Array, mode: str, max_len: int | None = None) -> tuple[Array, Array]:
-    """Reduce per-token values to (sum, denominator); the loss is sum / denominator.
-
-    token-mean:              sum_bt v m / sum_bt m               (each token weighs the same; GRPO/DAPO)
-    seq-mean-token-mean:     sum_b (sum_t v m / sum_t m) / B     (each sequence weighs the same)
-    seq-mean-token-sum:      sum_bt v m / B                      (sum over tokens: the objective E[sum_t .])
-    seq-mean-token-sum-norm: sum_bt v m / max_len / B            (Dr. GRPO: a constant length normalizer)
-    max_len defaults to T. Empty sequences count 0 in seq-mean-token-mean.
-    """
-    mask = as_float(mask_bt)
-    v = masked(values_bt, mask)
-    n_seq = jnp.asarray(v.shape[0], v.dtype)
-    if mode == "token-mean":
-        return jnp.sum(v), jnp.sum(mask)
-    if mode == "seq-mean-token-mean":
-        per_seq = jnp.sum(v, axis=1) / jnp.maximum(jnp.sum(mask, axis=1), 1.0)
-        return jnp.sum(per_seq), n_seq
-    if mode == "seq-mean-token-sum":
-        return jnp.sum(v), n_seq
-    if mode == "seq-mean-token-sum-norm":
-        length = v.shape[1] if max_len is None else max_len
-        if length <= 0:
-            raise ValueError(f"max_len must be positive, got {length}")
-        return jnp.sum(v) / length, n_seq
-    raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {list(AGGREGATIONS)}")
-
-
-def safe_divide(total: Array, denominator: Array) -> Array:
-    """total / denominator, 0 where the denominator is 0 (an all-padding batch)."""
-    return jnp.where(denominator > 0, total / jnp.where(denominator > 0, denominator, 1.0), 0.0)

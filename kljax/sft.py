@@ -141,7 +141,7 @@ def make_batch(examples: list[Any], task: Any, tokenizer: CharTokenizer, prompt_
 
 
 def _loss(params: Any, batch: dict[str, jax.Array], config: ModelConfig) -> jax.Array:
-    from kljax.train.step import response_logprobs
+    from kljax.models.transformer_policy import response_logprobs
 
     r = batch["target_mask"].shape[1]
     logp = response_logprobs(params, batch["tokens"], batch["mask"], batch["positions"], r, config)

@@ -17,7 +17,7 @@ from kljax.bias.montecarlo import sample_jit
 from kljax.bias.policies import Behaviour, TabularPolicy, TransformerPolicy, enumerate_sequences, sequence_logps
 from kljax.bias.setting import make_setting
 from kljax.bias.tabular import TabularSpace
-from kljax.kl import kl_surrogate
+from kljax.rl.objective import kl_surrogate
 
 CONFIGS = catalog.preset_configs()
 TINY_TRANSFORMER = TransformerPolicy(2, 3, n_layers=1)

@@ -19,8 +19,9 @@ import pytest
 from kljax import kl_describe as words
 from kljax.bias import exact
 from kljax.bias.tabular import TabularSpace, init_logits
-from kljax.kl import KLConfig, describe, kl_surrogate
+from kljax.kl import KLConfig, describe
 from kljax.kl_table import PRESETS
+from kljax.rl.objective import kl_surrogate
 
 TOL = 1e-9
 

@@ -13,7 +13,9 @@ import pytest
 from kljax import advantages as adv
 from kljax import losses
 from kljax.cli import main as cli_main
-from kljax.kl import KLBiasWarning, KLConfig, adapt_beta, describe, warn_if_biased
+from kljax.kl import KLBiasWarning, KLConfig, adapt_beta, describe
+from kljax.rl import objective
+from kljax.rl.describe import warn_if_biased
 
 RNG = np.random.default_rng(0)
 VALUES = RNG.normal(size=(4, 6)).astype(np.float32)
@@ -30,27 +32,29 @@ def numpy_aggregate(v, m, mode, max_len=None):
     return (v * m).sum() / (max_len or v.shape[1]) / len(v)
 
 
-@pytest.mark.parametrize("mode", losses.AGGREGATIONS)
+def weighted_mean(v, m, mode):
+    """sum_b w_b sum_t v m / D with the objective's w_b and D, written out."""
+    return objective.sequence_weights(m, mode) @ (v * m).sum(1) / objective.denominator(m, mode)
+
+
+@pytest.mark.parametrize("mode", objective.AGGREGATIONS)
 def test_aggregation_against_numpy(mode):
-    total, denom = losses.aggregate(VALUES, MASK, mode)
-    np.testing.assert_allclose(total / denom, numpy_aggregate(VALUES, MASK, mode), rtol=1e-5)
+    np.testing.assert_allclose(weighted_mean(VALUES, MASK, mode), numpy_aggregate(VALUES, MASK, mode), rtol=1e-5)
 
 
-@pytest.mark.parametrize("mode", losses.AGGREGATIONS)
+@pytest.mark.parametrize("mode", objective.AGGREGATIONS)
 def test_aggregation_is_additive_over_micro_batches(mode):
-    """Summing (sum, denominator) over micro-batches gives the full-batch loss (gradient accumulation)."""
-    full = losses.aggregate(VALUES, MASK, mode, max_len=6)
-    parts = [losses.aggregate(VALUES[i : i + 2], MASK[i : i + 2], mode, max_len=6) for i in (0, 2)]
-    np.testing.assert_allclose(sum(p[0] for p in parts) / sum(p[1] for p in parts), full[0] / full[1], rtol=1e-5)
+    """Micro-batch sums over the whole batch's denominator add up to the full-batch loss (gradient
+    accumulation): w_b depends on sequence b alone."""
+    den = objective.denominator(MASK, mode)
+    parts = [objective.sequence_weights(MASK[i : i + 2], mode) @ (VALUES[i : i + 2] * MASK[i : i + 2]).sum(1)
+             for i in (0, 2)]
+    np.testing.assert_allclose(sum(parts) / den, weighted_mean(VALUES, MASK, mode), rtol=1e-5)
 
 
 def test_aggregation_unknown_mode():
-    with pytest.raises(ValueError, match="token-mean"):
-        losses.aggregate(VALUES, MASK, "mean")
-
-
-def test_safe_divide_empty_batch():
-    assert float(losses.safe_divide(jnp.asarray(0.0), jnp.asarray(0.0))) == 0.0
+    with pytest.raises(ValueError, match="seq-mean-token-sum-norm"):
+        objective.denominator(MASK, "mean")
 
 
 def test_policy_loss_clipping_against_numpy():
@@ -153,9 +157,41 @@ def test_kl_configs_cli_json(capsys):
     rows = json.loads(capsys.readouterr().out)
     by_name = {r["name"]: r for r in rows}
     for row in rows:
-        assert {"name", "estimator", "placement", "gradient", "unbiased"} <= set(row)
-    assert by_name["k1-reward"]["unbiased"] is True
-    assert by_name["k1-loss"]["gradient"].startswith("zero in expectation")
+        assert {"name", "estimator", "placement", "credit", "scope", "off_policy", "aggregation", "gradient",
+                "unbiased"} <= set(row)
+        assert row["aggregation"] == objective.DEFAULT_AGGREGATION
+    assert by_name["k1-reward"]["unbiased"] is True and by_name["k1-reward"]["verdict"] == "scaled"
+    assert by_name["k1-reward"]["scale"] == pytest.approx(1 / 32)
+    assert by_name["k1-loss"]["kl_gradient"].startswith("zero in expectation")
     assert by_name["k3-loss"]["unbiased"] is False
     assert cli_main(["kl-configs"]) == 0
     assert "k3-loss" in capsys.readouterr().out
+
+
+def test_kl_configs_cli_aggregation_and_advantage(capsys):
+    """Under GRPO's length-normalized aggregation even k1-reward is biased; under seq-mean-token-sum it
+    is exactly grad J; Dr. GRPO scales it by (G-1)/G; a stale sampler biases every configuration."""
+    rows = lambda *a: (cli_main(["kl-configs", "--json", *a]), json.loads(capsys.readouterr().out))[1]
+    by = lambda rs: {r["name"]: r for r in rs}
+    mean = by(rows("--aggregation", "seq-mean-token-mean"))
+    assert mean["k1-reward"]["verdict"] == "biased" and "length weighting" in mean["k1-reward"]["gradient"]
+    assert by(rows("--aggregation", "seq-mean-token-sum"))["k1-reward"]["verdict"] == "unbiased"
+    dr = by(rows("--aggregation", "seq-mean-token-sum", "--advantage", "dr_grpo", "--group-size", "4"))
+    assert dr["k1-reward"]["verdict"] == "scaled" and dr["k1-reward"]["scale"] == pytest.approx(0.75)
+    assert dr["k3-both"]["verdict"] == "biased"
+    assert not any(r["unbiased"] for r in rows("--async-level", "2") if r["name"] != "k1-reward-seqw")
+    with pytest.raises(SystemExit) as e:  # argparse's choices: exit 2, the valid ones listed
+        cli_main(["kl-configs", "--aggregation", "mean"])
+    assert e.value.code == 2 and "seq-mean-token-sum-norm" in capsys.readouterr().err
+
+
+def test_run_objective_warns_when_the_whole_objective_is_biased():
+    from kljax.rl.describe import RunObjective
+
+    with pytest.warns(KLBiasWarning, match="length weighting"):
+        warn_if_biased(RunObjective(KLConfig("k1", "reward"), "seq-mean-token-mean"))
+    with pytest.warns(KLBiasWarning, match="stale samples"):
+        warn_if_biased(RunObjective(KLConfig("k1", "reward"), async_level=2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert warn_if_biased(RunObjective(KLConfig("k1", "reward"), max_new_tokens=8)).scale == 1 / 8

@@ -15,9 +15,10 @@ import pytest
 from kljax import advantages as adv
 from kljax import sharding as shd
 from kljax.estimators import full_kl_from_logits
-from kljax.kl import KLConfig, kl_surrogate, kl_terms
+from kljax.kl import KLConfig, kl_terms
 from kljax.models import transformer as tfm
 from kljax.models.config import ModelConfig
+from kljax.rl.objective import kl_surrogate
 from kljax.train import state as st
 from kljax.train.step import Batch, StepSettings, batch_shardings, score, train_step
 

@@ -7,14 +7,14 @@ Per-token cases, on [B, T] = [64, 1024] float32 log-probs with random response l
   k1, k2, k3      sum_bt k(logp - ref_logp) * mask, and its gradient in logp (kljax.estimators);
   kl_terms        sum_b loss_b of KLConfig(k3, placement loss)                    (kljax.kl.kl_terms);
   kl_surrogate    sum_b of kl_surrogate(KLConfig(k3, both, reward_to_go)), with a sampler
-                  distinct from the policy (token ratios != 1)                     (kljax.kl.kl_surrogate).
+                  distinct from the policy (token ratios != 1)                     (kljax.rl.objective.kl_surrogate).
 One timed repeat is `--iters` calls (dispatched back to back, waited for at the end).
 
 Full-vocabulary KL, sum_v p(v|h) log(p(v|h) / p_ref(v|h)) at every position from hidden states
 h, h_ref [Bf, Tf, D] and tied unembeddings W, W_ref [V, D] (default V = 151936, D = 896: Qwen2.5-0.5B),
 gradient in (W, h), at a smaller shape [Bf, Tf] = [1, 64] (set it with --full-batch/--full-len; each
 call is ~100 GFLOP there, seconds on 2 CPU cores; on a GPU use e.g. 4 x 1024 with --full-chunk 256):
-  full_kl_chunked  kljax.train.step.full_kl_from_hidden, `--full-chunk` positions per slice,
+  full_kl_chunked  kljax.models.transformer_policy.full_kl_from_hidden, `--full-chunk` positions per slice,
                    rematerialized (PyTorch: the same slices under torch.utils.checkpoint);
   full_kl_naive    both [Bf, Tf, V] logits at once (kljax.estimators.full_kl_from_logits).
 Memory: XLA's compiled memory_analysis() of each jitted kljax function (argument, output and temp

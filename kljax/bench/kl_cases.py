@@ -15,9 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from kljax import estimators as est
-from kljax.kl import KLConfig, kl_surrogate, kl_terms
+from kljax.kl import KLConfig, kl_terms
 from kljax.models import transformer as tfm
 from kljax.models.config import ModelConfig
+from kljax.rl.objective import kl_surrogate
 
 ESTIMATOR_CASES = {"k1": est.k1, "k2": est.k2, "k3": est.k3}
 TERMS_CONFIG = KLConfig(estimator="k3", placement="loss")
@@ -68,7 +69,7 @@ def jax_case(case: str, chunk: int, dtype: str) -> Any:
     elif case == "kl_surrogate":
         loss = lambda logp, ref, sampler, mask: jnp.sum(kl_surrogate(SURROGATE_CONFIG, logp, ref, mask, sampler))
     elif case in ("full_kl_chunked", "full_kl_naive"):
-        from kljax.train.step import full_kl_from_hidden
+        from kljax.models.transformer_policy import full_kl_from_hidden
 
         def loss(h, ref_h, w, ref_w):
             config = _head_config(w.shape[0], w.shape[1], dtype)

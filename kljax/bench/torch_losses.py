@@ -4,12 +4,12 @@ Each function is the formula of its kljax counterpart written the way a PyTorch 
 (float32, masks applied with `torch.where` so padding never reaches values or gradients):
   estimators k1 = d, k2 = d^2 / 2, k3 = expm1(-d) + d           (kljax.estimators)
   policy_loss_t = -min(r_t A_t, clip(r_t, 1 - eps_lo, 1 + eps_hi) A_t), r_t = exp(logp_t - mu_t)
-  aggregate -> (sum, denominator)                               (kljax.losses)
-  rl_loss = sum(policy_loss) / D + beta * sum_b sum_t k(d_t) / B  (kljax.train.step, KL in loss)
+  weights_and_denominator -> (w_b, D)                            (kljax.rl.objective)
+  rl_loss = sum_b w_b (sum_t policy_loss + beta sum_t k(d_t)) / D  (kljax.rl.objective, KL in loss)
   kl_surrogate_both_rtg: sum_t r_t * sum_{s>=t} sg(k3_s) + sum_t k3_t  (kljax.kl, placement both,
       reward_to_go credit, beta = 1)
   full_kl: sum_v p(v) (log p(v) - log p_ref(v)) from both models' logits, naive or chunked with
-      torch.utils.checkpoint (kljax.estimators.full_kl_from_logits / train.step.full_kl_from_hidden)
+      torch.utils.checkpoint (kljax.estimators.full_kl_from_logits / models.transformer_policy.full_kl_from_hidden)
 Shapes: [B, T] per-token tensors; full-vocabulary functions take hidden [B, T, D] and a tied
 unembedding [V, D]. Import needs torch.
 """
@@ -56,35 +56,35 @@ def policy_loss(logp_bt: Tensor, sampler_logp_bt: Tensor, advantages_bt: Tensor,
     return -surrogate * mask
 
 
-def aggregate(values_bt: Tensor, mask_bt: Tensor, mode: str, max_len: int | None = None) -> tuple[Tensor, Tensor]:
-    """(sum, denominator) as kljax.losses.aggregate, for the same four modes."""
+def weights_and_denominator(mask_bt: Tensor, mode: str) -> tuple[Tensor, Tensor]:
+    """(w_b [B], D) as kljax.rl.objective.sequence_weights / denominator, for the same four modes."""
     mask = mask_bt.float()
-    v = masked(values_bt, mask)
-    n_seq = torch.tensor(float(v.shape[0]), device=v.device)
+    b, r = mask.shape
+    ones = torch.ones(b, device=mask.device)
+    n_seq = torch.tensor(float(b), device=mask.device)
     if mode == "token-mean":
-        return v.sum(), mask.sum()
+        return ones, mask.sum().clamp(min=1.0)
     if mode == "seq-mean-token-mean":
-        return (v.sum(1) / mask.sum(1).clamp(min=1.0)).sum(), n_seq
+        return 1.0 / mask.sum(1).clamp(min=1.0), n_seq
     if mode == "seq-mean-token-sum":
-        return v.sum(), n_seq
+        return ones, n_seq
     if mode == "seq-mean-token-sum-norm":
-        return v.sum() / (v.shape[1] if max_len is None else max_len), n_seq
+        return ones, n_seq * r
     raise ValueError(f"unknown loss aggregation {mode!r}")
 
 
 def rl_loss(logp_bt: Tensor, sampler_logp_bt: Tensor, ref_logp_bt: Tensor, advantages_bt: Tensor, mask_bt: Tensor,
-            beta: float, estimator: str = "k3", aggregation: str = "seq-mean-token-mean",
+            beta: float, estimator: str = "k3", aggregation: str = "seq-mean-token-sum-norm",
             clip_low: float | None = 0.2, clip_high: float | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """(loss, pg_loss, kl_loss): the train step's loss with a token-level estimator in the loss.
 
-    loss = sum(policy_loss) / D_pg + beta * sum_b sum_t k(logp - ref_logp) / B.
+    loss = sum_b w_b (sum_t policy_loss_bt + beta * sum_t k(logp - ref_logp)) / D.
     """
-    pg_sum, pg_den = aggregate(policy_loss(logp_bt, sampler_logp_bt, advantages_bt, mask_bt, clip_low, clip_high),
-                               mask_bt, aggregation, max_len=mask_bt.shape[1])
+    w, den = weights_and_denominator(mask_bt, aggregation)
+    pg_sum = (w * policy_loss(logp_bt, sampler_logp_bt, advantages_bt, mask_bt, clip_low, clip_high).sum(1)).sum()
     d = masked(logp_bt, mask_bt) - masked(ref_logp_bt, mask_bt)
-    kl_sum = (ESTIMATORS[estimator](d) * mask_bt.float()).sum()
-    pg_loss = pg_sum / pg_den.clamp(min=1e-9)
-    kl_loss = kl_sum / logp_bt.shape[0]
+    kl_sum = (w * (ESTIMATORS[estimator](d) * mask_bt.float()).sum(1)).sum()
+    pg_loss, kl_loss = pg_sum / den, kl_sum / den
     return pg_loss + beta * kl_loss, pg_loss, kl_loss
 
 

@@ -8,8 +8,8 @@ drawn in [R/2, R], right-padded), with advantages (one per sequence) and fixed s
 reference log-probs (the policy's own plus noise, so the ratio clips some tokens and the KL is
 not zero). One update = forward over all B x S tokens, log-probs at the R response positions, the
 loss of `kljax.train.step` with KL config k3 in the loss (beta 0.05), PPO clip 0.2 and
-seq-mean-token-mean aggregation,
-    loss = sum_b mean_t(-min(r A, clip(r) A)) / B + beta * sum_b sum_t k3(logp - ref_logp) / B,
+seq-mean-token-mean aggregation (GRPO's, as the peer trainers use it),
+    loss = sum_b mean_t(-min(r A, clip(r) A) + beta * k3(logp - ref_logp)) / B,
 backward, global-norm clipping (1.0) and AdamW (kljax.train.state.OptimConfig defaults, lr 1e-6).
 kljax runs the trainer's own `train_step`, jitted as the trainer does (donated state, under a
 one-device mesh); the peer is `kljax.bench.train_peer` (PyTorch eager). Both start from the same
@@ -44,7 +44,7 @@ from typing import Any
 
 from kljax.bench import common
 
-ESTIMATOR, BETA, CLIP = "k3", 0.05, 0.2
+ESTIMATOR, BETA, CLIP, AGGREGATION = "k3", 0.05, 0.2, "seq-mean-token-mean"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -88,7 +88,7 @@ def make_batch(params: Any, config: Any, b: int, s: int, r: int, seed: int, mesh
     import jax
     import numpy as np
 
-    from kljax.train.step import response_logprobs
+    from kljax.models.transformer_policy import response_logprobs
 
     rng = np.random.default_rng(seed)
     low = min(100, config.vocab_size - 1)  # skip the special tokens at the start of most vocabularies
@@ -127,7 +127,8 @@ class KljaxRLStep:
         tx = st.make_optimizer(optim)
         param_sh = shd.logical_to_sharding(tfm.logical_axes(config), tfm.param_shapes(config), mesh)
         self.state, state_sh = st.state_from_params(params, tx, param_sh, mesh, seed)
-        self.settings = StepSettings(config, KLConfig(estimator=ESTIMATOR, placement="loss", beta=BETA), clip_low=CLIP)
+        self.settings = StepSettings(config, KLConfig(estimator=ESTIMATOR, placement="loss", beta=BETA), clip_low=CLIP,
+                                     loss_aggregation=AGGREGATION)
         self.mesh = mesh
         self._fn = jax.jit(functools.partial(train_step, settings=self.settings, tx=optim),
                            out_shardings=(state_sh, None), donate_argnums=0)
@@ -276,13 +277,13 @@ def _loss_check(first: dict[str, dict[str, float]], dtype: str) -> dict[str, Any
 def _breakdown(update: KljaxRLStep, repeats: int, steps: list) -> dict[str, float]:
     """Median seconds (of up to 3 runs) of kljax's loss forward alone, forward + backward, and the whole update."""
     import jax
-    import jax.numpy as jnp
 
+    from kljax.rl import objective
     from kljax.train import step as step_lib
 
     params, batch, settings, mesh = update.state.params, update.batch, update.settings, update.mesh
-    n_seq = jnp.asarray(batch.tokens_bs.shape[0], jnp.float32)
-    loss_fn = functools.partial(step_lib._loss_fn, pg_denominator=n_seq, n_sequences=n_seq, s=settings)
+    den = objective.denominator(batch.response_mask_br, settings.loss_aggregation)
+    loss_fn = functools.partial(step_lib._loss_fn, denominator=den, s=settings)
     fns = {"forward_s": jax.jit(lambda p, mb: loss_fn(p, mb)[0]),
            "forward_backward_s": jax.jit(lambda p, mb: jax.value_and_grad(loss_fn, has_aux=True)(p, mb))}
     out = {}

@@ -16,7 +16,8 @@ import jax.numpy as jnp
 
 from kljax import estimators as est
 from kljax.bias.tabular import TabularSpace, all_sequences, prefix_ids, step_logits, token_logps
-from kljax.kl import KLConfig, kl_surrogate
+from kljax.kl import KLConfig
+from kljax.rl.objective import kl_surrogate
 
 Array = jax.Array
 

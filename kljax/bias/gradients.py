@@ -1,7 +1,8 @@
 """Every KL configuration's gradient estimate, per sequence, in logit space; and the statistics
 (bias, variance, MSE, cosine) of a batch estimate from its moments.
 
-For a configuration c, `kljax.kl.kl_surrogate` gives one scalar S_c(theta; y) per sequence whose
+For a configuration c, `kljax.rl.objective.kl_surrogate` (the trainer's objective with the KL
+part alone) gives one scalar S_c(theta; y) per sequence whose
 gradient is the configuration's single-sample KL-gradient estimate g_c(y) (beta = 1), exactly as the
 trainer differentiates it. With y ~ q (the sampler mu, or pi_theta on-policy) and B samples a batch:
     expected gradient   m_c = E_q[g_c(y)]
@@ -35,7 +36,8 @@ import numpy as np
 
 from kljax import estimators as est
 from kljax.bias.policies import sequence_logps
-from kljax.kl import KLConfig, kl_surrogate, token_ratio
+from kljax.kl import KLConfig
+from kljax.rl.objective import Objective, kl_surrogate, sequence_losses
 
 Array = jax.Array
 
@@ -73,10 +75,13 @@ def surrogate_n(
 def reward_surrogate_n(
     seqs_nt: Array, mask_nt: Array, logits_ntv: Array, sampler_logits_ntv: Array, advantage_n: Array
 ) -> Array:
-    """-(R - b) * sum_t w_t per sequence, [N]: its gradient is the REINFORCE loss gradient."""
+    """-(R - b) * sum_t w_t per sequence, [N]: the objective's unclipped policy-gradient term with no
+    KL, whose gradient is the REINFORCE loss gradient."""
     logp_nt = sequence_logps(logits_ntv, seqs_nt)
     sampler_nt = sequence_logps(sampler_logits_ntv, seqs_nt)
-    return -advantage_n * jnp.sum(token_ratio(logp_nt, sampler_nt) * mask_nt, axis=1)
+    no_kl = Objective(KLConfig(placement="none"), clip_low=None)
+    adv_nt = jnp.broadcast_to(advantage_n[:, None], logp_nt.shape)
+    return sequence_losses(no_kl, logp_nt, sampler_nt, logp_nt, adv_nt, mask_nt, 0.0)[0]
 
 
 @jax.tree_util.register_dataclass

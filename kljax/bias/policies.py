@@ -26,6 +26,7 @@ from jax.flatten_util import ravel_pytree
 
 from kljax.bias.tabular import TabularSpace, all_sequences
 from kljax.bias.transformer import TinyTransformer, numpy_rng
+from kljax.models.tabular import prefix_rows
 
 Array = jax.Array
 Params = Any
@@ -87,15 +88,8 @@ def check_enumeration(
 
 
 def prefix_ids_array(vocab: int, seqs_nt: Array) -> Array:
-    """Row of the tabular `logits_pv` used at each position, [N, T] int32 (jnp twin of
-    `tabular.prefix_ids`): offset_t + base-V value of y_<t, offset_t = (V^t - 1)/(V - 1)."""
-    n, t = seqs_nt.shape
-    value = jnp.zeros((n,), jnp.int32)
-    cols = []
-    for i in range(t):
-        cols.append((vocab**i - 1) // (vocab - 1) + value)
-        value = value * vocab + seqs_nt[:, i].astype(jnp.int32)
-    return jnp.stack(cols, axis=1)
+    """Row of the tabular `logits_pv` used at each position, [N, T] int32 (`models.tabular.prefix_rows`)."""
+    return prefix_rows(vocab, seqs_nt)
 
 
 @dataclasses.dataclass(frozen=True)

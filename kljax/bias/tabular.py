@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kljax.models.tabular import prefix_rows
+
 Array = jax.Array
 
 
@@ -48,17 +50,8 @@ def all_sequences(space: TabularSpace) -> np.ndarray:
 
 
 def prefix_ids(space: TabularSpace, seqs_nt: np.ndarray) -> np.ndarray:
-    """Row of `logits_pv` used at each position: [N, T] int32 (the id of prefix y_<t)."""
-    v = space.vocab
-    n, t = seqs_nt.shape
-    ids = np.zeros((n, t), np.int64)
-    value = np.zeros((n,), np.int64)
-    offset = 0
-    for i in range(t):
-        ids[:, i] = offset + value
-        offset += v**i
-        value = value * v + seqs_nt[:, i]
-    return ids.astype(np.int32)
+    """Row of `logits_pv` used at each position: [N, T] int32 (`models.tabular.prefix_rows`)."""
+    return np.asarray(prefix_rows(space.vocab, jnp.asarray(seqs_nt)))
 
 
 def init_logits(key: Array, space: TabularSpace, scale: float = 1.0, dtype=jnp.float32) -> Array:

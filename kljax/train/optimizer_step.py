@@ -65,6 +65,57 @@ def _per_layer(fn: Any, carry: Params, *inputs: Params) -> Params:
     return jax.lax.fori_loop(0, jax.tree.leaves(carry)[0].shape[0], body, carry)
 
 
+class _Leaf:
+    """The per-element AdamW update of the module docstring, for one optimizer step."""
+
+    def __init__(self, c: OptimConfig, t: jax.Array, lr_count: jax.Array, grad_norm: jax.Array) -> None:
+        self.c = c
+        self.bc1, self.bc2 = 1 - c.b1 ** t, 1 - c.b2 ** t
+        self.step_size = -learning_rate_schedule(c)(lr_count)
+        self.norm = grad_norm.astype(jnp.float32)
+
+    def moments(self, mu: jax.Array, nu: jax.Array, g: jax.Array) -> tuple[jax.Array, jax.Array]:
+        c = self.c
+        if c.max_grad_norm is not None:
+            g = jax.lax.select(self.norm < c.max_grad_norm, g, (g / self.norm.astype(g.dtype)) * c.max_grad_norm)
+        return (1 - c.b1) * g + c.b1 * mu, ((1 - c.b2) * g ** 2 + c.b2 * nu).astype(nu.dtype)
+
+    def parameter(self, p: jax.Array, mu: jax.Array, nu: jax.Array) -> jax.Array:
+        c = self.c
+        u = (mu / self.bc1.astype(mu.dtype)) / (jnp.sqrt(nu / self.bc2.astype(nu.dtype)) + c.eps)
+        if c.weight_decay:
+            u = u + c.weight_decay * p
+        return jnp.asarray(p + jnp.asarray(self.step_size, u.dtype) * u).astype(p.dtype)
+
+
+def _adam(c: OptimConfig, opt_state: Any, grad_norm: jax.Array) -> tuple[Any, Any, Any, list, jax.Array, _Leaf]:
+    *clip_state, adam_state = opt_state
+    if len(adam_state) != 3 or not isinstance(adam_state[0], optax.ScaleByAdamState):
+        raise TypeError("opt_state is not the state of state.make_optimizer (chain(clip, adamw))")
+    scale, decay_state, lr_state = adam_state
+    t = optax.safe_increment(scale.count)
+    return scale, decay_state, lr_state, clip_state, t, _Leaf(c, t, lr_state.count, grad_norm)
+
+
+def tree_all_finite(tree: Any) -> jax.Array:
+    """True (bool scalar) when every element of every leaf of `tree` is finite."""
+    oks = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
+    return jnp.all(jnp.stack(oks)) if oks else jnp.asarray(True)
+
+
+def update_is_finite(c: OptimConfig, grads: Params, opt_state: Any, params: Params, grad_norm: jax.Array) -> jax.Array:
+    """Whether `update_in_place`'s new parameters and moments would all be finite (bool scalar),
+    computed as reductions, without writing them. False discards the step like a non-finite loss."""
+    scale, *_, leaf = _adam(c, opt_state, grad_norm)
+
+    def one(p: jax.Array, mu: jax.Array, nu: jax.Array, g: jax.Array) -> jax.Array:
+        new_mu, new_nu = leaf.moments(mu, nu, g)
+        new_p = leaf.parameter(p, new_mu, new_nu)
+        return jnp.all(jnp.isfinite(new_p)) & jnp.all(jnp.isfinite(new_mu)) & jnp.all(jnp.isfinite(new_nu))
+
+    return tree_all_finite(jax.tree.map(one, params, scale.mu, scale.nu, grads))
+
+
 def update_in_place(
     c: OptimConfig, grads: Params, opt_state: Any, params: Params, grad_norm: jax.Array, apply: jax.Array,
 ) -> tuple[Params, Any]:
@@ -74,36 +125,19 @@ def update_in_place(
     apply: bool scalar, False to return params and state unchanged. Equal to `tx.update` and
     `optax.apply_updates` on the whole tree up to float rounding (tests/test_optimizer_step.py).
     """
-    *clip_state, adam_state = opt_state
-    if len(adam_state) != 3 or not isinstance(adam_state[0], optax.ScaleByAdamState):
-        raise TypeError("opt_state is not the state of state.make_optimizer (chain(clip, adamw))")
-    scale, decay_state, lr_state = adam_state
+    scale, decay_state, lr_state, clip_state, t, leaf = _adam(c, opt_state, grad_norm)
     count = scale.count
-    t = optax.safe_increment(count)
-    bc1, bc2 = 1 - c.b1 ** t, 1 - c.b2 ** t
-    step_size = -learning_rate_schedule(c)(lr_state.count)
-    norm = grad_norm.astype(jnp.float32)
-    clip = (lambda g: g) if c.max_grad_norm is None else (
-        lambda g: jax.lax.select(norm < c.max_grad_norm, g, (g / norm.astype(g.dtype)) * c.max_grad_norm))
 
     def moments(mn: tuple[Params, Params], g: Params) -> tuple[Params, Params]:
         def one(mu, nu, g):
-            g = clip(g)
-            new_mu, new_nu = (1 - c.b1) * g + c.b1 * mu, (1 - c.b2) * g ** 2 + c.b2 * nu
-            return jnp.where(apply, new_mu, mu), jnp.where(apply, new_nu.astype(nu.dtype), nu)
+            new_mu, new_nu = leaf.moments(mu, nu, g)
+            return jnp.where(apply, new_mu, mu), jnp.where(apply, new_nu, nu)
 
         out = jax.tree.map(one, *mn, g)
         return jax.tree.transpose(jax.tree.structure(g), jax.tree.structure((0, 0)), out)
 
     def parameters(p: Params, mu: Params, nu: Params) -> Params:
-        def one(p, mu, nu):
-            u = (mu / bc1.astype(mu.dtype)) / (jnp.sqrt(nu / bc2.astype(nu.dtype)) + c.eps)
-            if c.weight_decay:
-                u = u + c.weight_decay * p
-            new = jnp.asarray(p + jnp.asarray(step_size, u.dtype) * u).astype(p.dtype)
-            return jnp.where(apply, new, p)
-
-        return jax.tree.map(one, p, mu, nu)
+        return jax.tree.map(lambda p, mu, nu: jnp.where(apply, leaf.parameter(p, mu, nu), p), p, mu, nu)
 
     g_o, g_l = split_layers(grads)
     p_o, p_l = split_layers(params)

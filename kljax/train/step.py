@@ -1,16 +1,14 @@
 """The jitted pieces of an RL iteration: scoring a batch, and the train step.
 
 Sequences are prompt + response, `tokens_bs` [B, S] with the response in the last R positions
-(S = P + R; the prompt is left-padded, the response right-padded). The log-prob of response token
-r comes from the hidden state at position P - 1 + r, so only [B, R] positions are ever projected to
-the vocabulary (never the prompt's), in chunks (`transformer.logprobs_from_hidden`).
+(S = P + R; the prompt is left-padded, the response right-padded). The policy is any policy model
+(`kljax.models.policy_api`: the transformer, or the tabular policy of exact tests and studies).
 
-The loss minimized by `train_step` (before accumulation over micro-batches):
-    loss = sum(policy_loss_bt) / D_pg + beta * sum_b(kl.loss_b) / B
-where policy_loss is the clipped surrogate with the advantages (the KL reward penalty already folded
-in, see `advantages.token_advantages`), D_pg the aggregation's denominator over the *whole* batch,
-and kl.loss_b the configuration's differentiable KL term (`kljax.kl.kl_terms`). Denominators are
-global, so accumulating micro-batch gradients gives exactly the full-batch gradient.
+The loss minimized by `train_step` is the objective of `kljax.rl.objective`:
+    loss = sum_b w_b * (sum_t pg_bt + beta * kl_b) / D,
+the clipped surrogate of the advantages (reward-placed KL folded in at rollout) plus the
+loss-placed KL term, with one per-sequence weight w_b and one denominator D of the *whole* batch
+for both, so accumulating micro-batch gradients gives exactly the full-batch gradient.
 """
 
 from __future__ import annotations
@@ -22,13 +20,18 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from kljax import losses
-from kljax.estimators import full_kl_from_logits
-from kljax.kl import KL_METRICS, KLConfig, kl_metric_sums, kl_metrics_from_sums, kl_terms
-from kljax.models import transformer as tfm
-from kljax.models.config import ModelConfig
+from kljax.kl import KL_METRICS, KLConfig, kl_metric_sums, kl_metrics_from_sums
+from kljax.models.policy_api import PolicyModel, as_policy
+from kljax.rl import objective as obj
 from kljax.sharding import constrain_batch
-from kljax.train.optimizer_step import LAYERS, join_layers, split_layers, update_in_place
+from kljax.train.optimizer_step import (
+    LAYERS,
+    join_layers,
+    split_layers,
+    tree_all_finite,
+    update_in_place,
+    update_is_finite,
+)
 from kljax.train.state import OptimConfig, TrainState
 
 Array = jax.Array
@@ -55,13 +58,14 @@ class Batch:
     beta: Array
 
 
+
 @dataclasses.dataclass(frozen=True)
 class StepSettings:
-    """Static settings of the train step (hashable)."""
+    """Static settings of the train step (hashable). `model`: a `ModelConfig` or any policy model."""
 
-    model: ModelConfig
+    model: Any
     kl: KLConfig
-    loss_aggregation: str = "seq-mean-token-mean"
+    loss_aggregation: str = obj.DEFAULT_AGGREGATION
     clip_low: float | None = 0.2
     clip_high: float | None = None
     micro_batches: int = 1
@@ -72,91 +76,43 @@ class StepSettings:
     kl_metrics: bool = False
 
     def __post_init__(self) -> None:
-        if self.loss_aggregation not in losses.AGGREGATIONS:
-            raise ValueError(
-                f"rl.loss_aggregation={self.loss_aggregation!r} is not valid; choose one of {list(losses.AGGREGATIONS)}"
-            )
+        obj.check_aggregation(self.loss_aggregation)
         if self.micro_batches < 1:
             raise ValueError(f"rl.micro_batches={self.micro_batches} must be >= 1")
 
+    @property
+    def policy(self) -> PolicyModel:
+        return as_policy(self.model)
 
-def response_hidden(
-    params: Any, tokens_bs: Array, mask_bs: Array, positions_bs: Array, response_len: int, model: ModelConfig,
-    layers_grad_acc: Any = None,
-) -> Array:
-    """Hidden states that predict the response tokens: positions P - 1 .. S - 2, [B, R, D].
-    `layers_grad_acc`: see `transformer.forward_hidden`."""
-    hidden_bsd, _ = tfm.forward_hidden(params, tokens_bs, mask_bs, positions_bs, model,
-                                       layers_grad_acc=layers_grad_acc)
-    s = tokens_bs.shape[1]
-    return hidden_bsd[:, s - response_len - 1 : s - 1]
-
-
-def response_logprobs(
-    params: Any, tokens_bs: Array, mask_bs: Array, positions_bs: Array, response_len: int, model: ModelConfig,
-    chunk: int = 256, with_entropy: bool = False,
-) -> Array | tuple[Array, Array]:
-    """log p(response token r | everything before it), [B, R] float32 (and entropy [B, R])."""
-    hidden = response_hidden(params, tokens_bs, mask_bs, positions_bs, response_len, model)
-    return tfm.logprobs_from_hidden(
-        params, hidden, tokens_bs[:, -response_len:], model, chunk_size=chunk, with_entropy=with_entropy
-    )
-
-
-def full_kl_from_hidden(
-    params: Any, ref_params: Any, hidden_brd: Array, ref_hidden_brd: Array, model: ModelConfig, chunk: int = 256
-) -> Array:
-    """KL(pi(.|h_r) || pi_ref(.|h_r)) over the whole vocabulary at each response position, [B, R].
-
-    Both models' logits are formed one [B, chunk, V] slice at a time (`lax.map` under
-    `jax.checkpoint`), so the [B, R, V] logits never exist. Differentiable in `params` (the
-    reference side is the caller's to stop-gradient).
-    """
-    b, r, d = hidden_brd.shape
-    c = max(1, min(chunk, r))
-    n = -(-r // c)
-    pad = n * c - r
-
-    def split(h: Array) -> Array:
-        return jnp.pad(h, ((0, 0), (0, pad), (0, 0))).reshape(b, n, c, d).swapaxes(0, 1)
-
-    @jax.checkpoint
-    def one(args: tuple[Array, Array]) -> Array:
-        h, ref_h = args
-        return full_kl_from_logits(tfm.logits_from_hidden(params, h, model),
-                                   tfm.logits_from_hidden(ref_params, ref_h, model))
-
-    kl_nbc = jax.lax.map(one, (split(hidden_brd), split(ref_hidden_brd)))
-    return kl_nbc.swapaxes(0, 1).reshape(b, n * c)[:, :r]
+    @property
+    def objective(self) -> obj.Objective:
+        return obj.Objective(self.kl, self.loss_aggregation, self.clip_low, self.clip_high)
 
 
 def score(
-    params: Any, ref_params: Any, batch: Batch, model: ModelConfig, chunk: int = 256, micro_batches: int = 1,
+    params: Any, ref_params: Any, batch: Batch, model: Any, chunk: int = 256, micro_batches: int = 1,
     full_kl: bool = False, policy: bool = True,
 ) -> dict[str, Array]:
     """Log-probs of the responses under the current policy (with entropy) and the reference. [B, R] each.
     With full_kl, also the full-vocabulary KL at each response position ("full_kl", [B, R]).
     With policy=False only the reference's ("ref_logp"): for a caller that has the policy's from the
     sampler (`kljax.train.rollout.sampler_is_policy`); `params` is then unused.
+    `model`: a `ModelConfig` or any policy model.
 
     With micro_batches > 1 the batch is scored in strided slices one after another (`lax.map`), so
     activations are held for B / micro_batches sequences at a time.
     """
+    pm = as_policy(model)
 
     def one(mb: Batch) -> dict[str, Array]:
         mb = _constrain(mb)
-        r = mb.response_mask_br.shape[1]
-        targets = mb.tokens_bs[:, -r:]
-        ref_hidden = response_hidden(ref_params, mb.tokens_bs, mb.mask_bs, mb.positions_bs, r, model)
-        out = {"ref_logp": tfm.logprobs_from_hidden(ref_params, ref_hidden, targets, model, chunk_size=chunk)}
-        if not policy:
-            return out
-        hidden = response_hidden(params, mb.tokens_bs, mb.mask_bs, mb.positions_bs, r, model)
-        out["logp"], out["entropy"] = tfm.logprobs_from_hidden(
-            params, hidden, targets, model, chunk_size=chunk, with_entropy=True
-        )
+        args = (mb.tokens_bs, mb.mask_bs, mb.positions_bs, mb.response_mask_br.shape[1])
         if full_kl:
-            out["full_kl"] = full_kl_from_hidden(params, ref_params, hidden, ref_hidden, model, chunk)
+            return pm.teacher_forced(params, *args, ref_params=ref_params, entropy=True, full_kl=True,
+                                     ref_logp=True, chunk=chunk)
+        out = {"ref_logp": pm.teacher_forced(ref_params, *args, chunk=chunk)["logp"]}
+        if policy:
+            out.update(pm.teacher_forced(params, *args, entropy=True, chunk=chunk))
         return out
 
     if full_kl and not policy:
@@ -180,40 +136,37 @@ def _constrain(batch: Batch) -> Batch:
     return jax.tree.map(constrain_batch, batch)
 
 
-def _loss_fn(params: Any, mb: Batch, pg_denominator: Array, n_sequences: Array, s: StepSettings,
-             ref_params: Any = None, layers_grad_acc: Any = None):
+
+def _loss_fn(params: Any, mb: Batch, denominator: Array, s: StepSettings, ref_params: Any = None,
+             layers_grad_acc: Any = None):
+    """The objective's weighted sums of one micro-batch over the whole batch's denominator."""
     mb = _constrain(mb)
     r = mb.response_mask_br.shape[1]
-    hidden = response_hidden(params, mb.tokens_bs, mb.mask_bs, mb.positions_bs, r, s.model, layers_grad_acc)
-    out = tfm.logprobs_from_hidden(params, hidden, mb.tokens_bs[:, -r:], s.model, chunk_size=s.logprob_chunk,
-                                   with_entropy=s.kl_metrics)
-    logp, entropy = out if s.kl_metrics else (out, None)
-    full = None
-    if s.kl.estimator == "full" and s.kl.placement != "none":
-        if ref_params is None:
-            raise ValueError("kl.estimator='full' needs ref_params in train_step")
-        ref_params = jax.lax.stop_gradient(ref_params)
-        ref_hidden = response_hidden(ref_params, mb.tokens_bs, mb.mask_bs, mb.positions_bs, r, s.model)
-        full = full_kl_from_hidden(params, ref_params, hidden, ref_hidden, s.model, s.logprob_chunk)
-    mask = mb.response_mask_br
-    pg_bt, clipped_bt = losses.policy_loss(logp, mb.sampler_logp_br, mb.advantages_br, mask, s.clip_low, s.clip_high)
-    pg_sum, _ = losses.aggregate(pg_bt, mask, s.loss_aggregation, max_len=r)
-    terms = kl_terms(s.kl, logp, mb.ref_logp_br, mask, mb.sampler_logp_br, full)
-    kl_loss_sum = jnp.sum(terms.loss_b)
-    loss = pg_sum / pg_denominator + mb.beta * kl_loss_sum / n_sequences
+    full = s.kl.estimator == "full" and s.kl.placement != "none"
+    if full and ref_params is None:
+        raise ValueError("kl.estimator='full' needs ref_params in train_step")
+    out = s.policy.teacher_forced(
+        params, mb.tokens_bs, mb.mask_bs, mb.positions_bs, r, entropy=s.kl_metrics, full_kl=full,
+        ref_params=jax.lax.stop_gradient(ref_params) if full else None, chunk=s.logprob_chunk,
+        layers_grad_acc=layers_grad_acc,
+    )
+    logp, mask = out["logp"], mb.response_mask_br
+    parts = obj.loss_parts(s.objective, logp, mb.sampler_logp_br, mb.ref_logp_br, mb.advantages_br, mask, mb.beta,
+                           out.get("full_kl"))
     log_ratio = jnp.where(mask > 0, logp - mb.sampler_logp_br, 0.0)
     aux = {
-        "pg_loss_sum": pg_sum,
-        "kl_loss_sum": kl_loss_sum,
-        "clipped_sum": jnp.sum(clipped_bt),
+        "pg_loss_sum": parts.pg_sum,
+        "kl_loss_sum": parts.kl_sum,
+        "clipped_sum": jnp.sum(parts.clipped_bt),
         "ratio_sum": jnp.sum(jnp.exp(log_ratio) * mask),
         "ratio_max": jnp.max(jnp.where(mask > 0, log_ratio, -jnp.inf)),
         "ratio_min": jnp.min(jnp.where(mask > 0, log_ratio, jnp.inf)),
     }
     if s.kl_metrics:  # sums over this micro-batch; `train_step` divides by the whole batch's counts
-        sums = _batch_metric_sums(jax.lax.stop_gradient(logp), mb.ref_logp_br, jax.lax.stop_gradient(entropy), mask)
+        sums = _batch_metric_sums(jax.lax.stop_gradient(logp), mb.ref_logp_br,
+                                  jax.lax.stop_gradient(out["entropy"]), mask)
         aux.update({f"{k}_sum": v for k, v in sums.items()})
-    return loss, aux
+    return parts.loss_sum / denominator, aux
 
 
 BATCH_METRICS = (*KL_METRICS, "entropy")
@@ -253,6 +206,7 @@ def _unsplit(x_nb: Array) -> Array:
     return x_nb.swapaxes(0, 1).reshape(-1, *x_nb.shape[2:])
 
 
+
 def train_step(
     state: TrainState, batch: Batch, ref_params: Any = None, *, settings: StepSettings,
     tx: optax.GradientTransformation | OptimConfig,
@@ -266,40 +220,39 @@ def train_step(
     `ref_params` (the frozen reference) is needed only by kl.estimator='full' in the loss, whose
     per-position KL takes both models' logits inside the differentiated function.
 
-    A step whose loss or gradient is not finite leaves params and optimizer state unchanged and
-    reports `nonfinite = 1`. Pure: jit it once with shardings and `donate_argnums=0`.
+    A step whose loss, gradient, updated params or optimizer state is not finite leaves params and
+    optimizer state unchanged and reports `nonfinite = 1`. Pure: jit it once with shardings and `donate_argnums=0`.
     """
     b = batch.tokens_bs.shape[0]
     m = settings.micro_batches
     if b % m:
         raise ValueError(f"batch of {b} sequences does not split into rl.micro_batches={m}")
     mask = batch.response_mask_br
-    r = mask.shape[1]
-    _, pg_den = losses.aggregate(jnp.zeros_like(mask), mask, settings.loss_aggregation, max_len=r)
-    pg_den = jnp.maximum(pg_den, 1e-9)
-    n_seq = jnp.asarray(b, jnp.float32)
+    den = obj.denominator(mask, settings.loss_aggregation)
     grad_fn = jax.value_and_grad(_loss_fn, has_aux=True)
 
     # With remat='full' and micro-batches, the layers' backward adds into the accumulator in place
     # (`layer_stack.accumulate_layers`, which recomputes each layer as remat='full' does): one
     # gradient tree for the stacked layers instead of the accumulator plus each micro-batch's.
-    accumulate_in_backward = m > 1 and settings.model.remat == "full" and LAYERS in state.params
+    remat = getattr(settings.policy, "remat", "none")
+    accumulate_in_backward = m > 1 and remat == "full" and LAYERS in state.params
 
     def accumulate(carry, mb):
         grads, loss, aux = carry
         if accumulate_in_backward:
             rest, acc_layers = split_layers(grads)
-            (l_mb, aux_mb), g_mb = grad_fn(state.params, mb, pg_den, n_seq, settings, ref_params, acc_layers)
+            (l_mb, aux_mb), g_mb = grad_fn(state.params, mb, den, settings, ref_params, acc_layers)
             rest_mb, layers_mb = split_layers(g_mb)  # layers_mb already holds acc_layers + its gradient
             grads = join_layers(jax.tree.map(jnp.add, rest, rest_mb), layers_mb)
         else:
-            (l_mb, aux_mb), g_mb = grad_fn(state.params, mb, pg_den, n_seq, settings, ref_params)
+            (l_mb, aux_mb), g_mb = grad_fn(state.params, mb, den, settings, ref_params)
             grads = jax.tree.map(jnp.add, grads, g_mb)
-        aux = {
-            k: (jnp.maximum if k == "ratio_max" else jnp.minimum if k == "ratio_min" else jnp.add)(aux[k], v)
+        aux = {  # metrics in float32 whatever the policy's dtype (a float64 study's too)
+            k: (jnp.maximum if k == "ratio_max" else jnp.minimum if k == "ratio_min" else jnp.add)(
+                aux[k], v.astype(jnp.float32))
             for k, v in aux_mb.items()
         }
-        return (grads, loss + l_mb, aux), None
+        return (grads, loss + l_mb.astype(jnp.float32), aux), None
 
     zeros = jax.tree.map(jnp.zeros_like, state.params)
     aux0 = {"pg_loss_sum": 0.0, "kl_loss_sum": 0.0, "clipped_sum": 0.0, "ratio_sum": 0.0,
@@ -313,20 +266,23 @@ def train_step(
         (grads, loss, aux), _ = jax.lax.scan(accumulate, (zeros, jnp.zeros((), jnp.float32), aux0), _split(batch, m))
 
     grad_norm = optax.tree.norm(grads)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)  # and the updated params and moments:
     if isinstance(tx, OptimConfig):
+        finite = finite & update_is_finite(tx, grads, state.opt_state, state.params, grad_norm)
         new_params, new_opt = update_in_place(tx, grads, state.opt_state, state.params, grad_norm, finite)
     else:
         updates, new_opt = tx.update(grads, state.opt_state, state.params)
+        new_params = optax.apply_updates(state.params, updates)
+        finite = finite & tree_all_finite(new_params) & tree_all_finite(new_opt)
         keep = lambda new, old: jax.tree.map(lambda a, o: jnp.where(finite, a, o), new, old)
-        new_params = keep(optax.apply_updates(state.params, updates), state.params)
+        new_params = keep(new_params, state.params)
         new_opt = keep(new_opt, state.opt_state)
     new_state = TrainState(params=new_params, opt_state=new_opt, step=state.step + 1, rng=state.rng)
     n_tokens = jnp.maximum(jnp.sum(mask), 1.0)
     metrics = {
         "loss": loss,
-        "pg_loss": aux["pg_loss_sum"] / pg_den,
-        "kl_loss": aux["kl_loss_sum"] / n_seq,
+        "pg_loss": aux["pg_loss_sum"] / den,
+        "kl_loss": aux["kl_loss_sum"] / den,
         "grad_norm": grad_norm,
         "clip_fraction": aux["clipped_sum"] / n_tokens,
         "ratio_mean": aux["ratio_sum"] / n_tokens,

@@ -1,0 +1,183 @@
+"""What the gradient the trainer takes is, in expectation, for a run's whole objective.
+
+`kljax.kl.describe` states the KL part alone. The trainer's gradient also depends on how the loss
+is aggregated, on the advantage's baseline and scale, and on whether the samples are stale. With
+J = E[R] - beta KL_seq (J = E[R] when there is no KL term), every term of the loss weighted alike
+(`kljax.rl.objective`), one update per batch from the current policy, the expected gradient of the
+loss is c * grad(-J) exactly when
+  - the aggregation is a constant: seq-mean-token-sum (c = 1) or seq-mean-token-sum-norm
+    (c = 1/R, R = max_new_tokens); seq-mean-token-mean and token-mean weigh each sequence by a
+    function of its length, biased when lengths vary (a constant only at fixed length);
+  - the baseline leaves the score function unbiased: RLOO (leave-one-out, c = 1) or Dr. GRPO's
+    group mean (it includes the sample itself: c = (G-1)/G on what passes through the advantages);
+    GRPO divides by the group's std, which depends on the sample: biased;
+  - the KL part is unbiased for grad KL_seq (`kljax.kl.describe`), and the reward-placed and the
+    loss-placed parts and the task reward carry the same c (Dr. GRPO's (G-1)/G reaches only what
+    passes through the advantages: with a loss-placed part that is not zero in expectation, or a
+    task reward next to a loss-placed KL, the effective beta changes).
+Stale samples (rl.async_level > 0, or every update after the first with rl.updates_per_batch > 1)
+reach the task reward through per-token importance ratios (clipped), which do not correct the
+prefix distribution: biased. Only a KL part with an exact sequence weight stays unbiased there.
+Each claim is checked by exact enumeration through the real rollout and train step
+(tests/test_objective_exact.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from fractions import Fraction
+from typing import Any
+
+from kljax.kl import KLBiasWarning, KLConfig, KLDescription, describe
+from kljax.rl.objective import CONSTANT_AGGREGATIONS, DEFAULT_AGGREGATION, check_aggregation
+
+VERDICTS = ("unbiased", "scaled", "biased")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunObjective:
+    """The settings of a run that decide what its gradient is (a subset of `RLConfig` + `KLConfig`).
+
+    task_reward: False when the reward is identically zero (then J = -beta KL_seq); studies only."""
+
+    kl: KLConfig
+    aggregation: str = DEFAULT_AGGREGATION
+    advantage: str = "rloo"
+    group_size: int = 4
+    clip_low: float | None = 0.2
+    clip_high: float | None = None
+    updates_per_batch: int = 1
+    async_level: int = 0
+    max_new_tokens: int | None = None
+    task_reward: bool = True
+
+    def __post_init__(self) -> None:
+        check_aggregation(self.aggregation)
+
+    @classmethod
+    def from_rl(cls, rl: Any, kl: KLConfig, task_reward: bool = True) -> RunObjective:
+        """From a `kljax.train.config.RLConfig` (or anything with its field names)."""
+        return cls(kl, rl.loss_aggregation, rl.advantage, rl.group_size, rl.clip_low, rl.clip_high,
+                   rl.updates_per_batch, rl.async_level, rl.max_new_tokens, task_reward)
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectiveDescription:
+    """verdict: "unbiased" (E[g] = grad(-J)), "scaled" (E[g] = scale * grad(-J), scale > 0
+    constant) or "biased"; scale: the constant where known (None when biased, or when it needs
+    max_new_tokens and that is not given); scale_text: it in words; gradient: one line for people;
+    reasons: why it is biased (empty otherwise); kl: the KL part's own description."""
+
+    name: str
+    verdict: str
+    scale: float | None
+    scale_text: str
+    gradient: str
+    reasons: tuple[str, ...]
+    kl: KLDescription
+    warning: str | None
+
+    @property
+    def unbiased(self) -> bool:
+        """Unbiased for grad J up to a positive constant (what an optimizer with a tuned step size needs)."""
+        return self.verdict != "biased"
+
+
+def _pathwise_zero(kl: KLConfig) -> bool:
+    """The loss-placed part has zero expected gradient on-policy (k1: E[grad log pi] = 0)."""
+    return kl.estimator == "k1" and kl.off_policy != "token_ratio"
+
+
+def _fraction_text(f: Fraction) -> str:
+    return "1" if f == 1 else f"{f.numerator}/{f.denominator}"
+
+
+def describe_objective(run: RunObjective) -> ObjectiveDescription:
+    """The expected gradient of the run's whole loss against grad(-J) (see the module doc)."""
+    kl, info = run.kl, describe(run.kl)
+    reasons: list[str] = []
+    stale = run.async_level > 0 or run.updates_per_batch > 1
+    no_kl = kl.placement == "none"
+    kl_via_advantages = kl.in_reward and kl.off_policy != "sequence_weight"
+    through_advantages = run.task_reward or kl_via_advantages
+
+    # The aggregation's constant, or its length weighting.
+    agg_scale: Fraction | None = Fraction(1)
+    agg_text = ""
+    if run.aggregation == "seq-mean-token-sum-norm":
+        agg_text = "1/max_new_tokens" if run.max_new_tokens is None else f"1/{run.max_new_tokens}"
+        agg_scale = None if run.max_new_tokens is None else Fraction(1, run.max_new_tokens)
+    elif run.aggregation not in CONSTANT_AGGREGATIONS:
+        what = "its own length" if run.aggregation == "seq-mean-token-mean" else "the batch's token count"
+        reasons.append(f"length weighting: loss_aggregation={run.aggregation!r} divides each sequence's terms by "
+                       f"{what}, so E[gradient] is not grad J when response lengths vary")
+
+    # The advantage's coefficient on what passes through it.
+    c_adv = Fraction(1)
+    if run.advantage == "dr_grpo":
+        c_adv = Fraction(run.group_size - 1, run.group_size)
+    elif run.advantage == "grpo" and through_advantages:
+        reasons.append("advantage='grpo' divides by the group's reward std, which depends on the sample itself")
+
+    c = c_adv if run.task_reward else Fraction(1)  # the scale J's gradient must carry
+    if stale:
+        when = f"rl.async_level={run.async_level}" if run.async_level else (
+            f"rl.updates_per_batch={run.updates_per_batch} (every update after the first)")
+        if run.task_reward:
+            clip = "" if run.clip_low is None else ", clipped"
+            reasons.append(f"stale samples ({when}): the task reward's per-token importance ratios{clip} do not "
+                           "correct the sampler's prefix distribution")
+        if not no_kl and not info.unbiased_off_policy:
+            reasons.append(f"stale samples ({when}), KL part: {info.off_policy}")
+        if not run.task_reward and not no_kl:
+            c = c_adv if kl_via_advantages else Fraction(1)
+    elif not no_kl:
+        c_reward = c_adv if kl_via_advantages else Fraction(1)
+        if not info.unbiased:
+            reasons.append(f"KL part {info.name!r}: {info.gradient}")
+            s_kl = None
+        elif kl.placement == "reward" or (kl.placement == "both" and _pathwise_zero(kl)):
+            s_kl = c_reward
+        elif kl.placement == "loss" or c_reward == 1:
+            s_kl = Fraction(1)
+        else:
+            s_kl = None
+            reasons.append(f"advantage='dr_grpo' scales the reward-placed KL by {_fraction_text(c_reward)} and not "
+                           "the loss-placed KL, whose expected gradient is not zero")
+        if s_kl is not None:
+            if run.task_reward and s_kl != c_adv:
+                beta_factor = s_kl / c_adv
+                reasons.append(f"advantage={run.advantage!r} scales the task reward by {_fraction_text(c_adv)} and "
+                               f"the KL by {_fraction_text(s_kl)}: the effective beta is "
+                               f"{_fraction_text(beta_factor)} x kl.beta")
+            c = s_kl if not run.task_reward else c_adv
+    elif not run.task_reward:
+        reasons.append("no task reward and no KL term: the loss has no gradient")
+
+    name = f"{info.name} / {run.aggregation} / {run.advantage}" + (f" / async {run.async_level}" if run.async_level
+                                                                     else "")
+    target = "grad E[R]" if no_kl else "grad J" if run.task_reward else "grad(-beta KL_seq)"
+    if reasons:
+        verdict, scale, scale_text = "biased", None, ""
+        gradient = f"not {target}: " + "; ".join(reasons)
+    else:
+        parts = [t for t in (_fraction_text(c) if c != 1 else "", agg_text) if t]
+        scale_text = " x ".join(parts) if parts else "1"
+        scale = None if agg_scale is None else float(c * agg_scale)
+        verdict = "unbiased" if scale_text == "1" else "scaled"
+        gradient = target if verdict == "unbiased" else f"{scale_text} x {target}"
+    warning = None
+    if verdict == "biased":
+        warning = (f"the objective {name!r} is biased: its expected gradient is {gradient}. It is allowed (studies "
+                   "need it); `kljax kl-configs` lists the unbiased settings.")
+    return ObjectiveDescription(name, verdict, scale, scale_text, gradient, tuple(reasons), info, warning)
+
+
+def warn_if_biased(run: RunObjective | KLConfig) -> ObjectiveDescription | KLDescription:
+    """Warn (KLBiasWarning) when a run's objective (or a KL configuration alone) is biased; returns the description."""
+    info: ObjectiveDescription | KLDescription
+    info = describe(run) if isinstance(run, KLConfig) else describe_objective(run)
+    if info.warning:
+        warnings.warn(info.warning, KLBiasWarning, stacklevel=2)
+    return info
