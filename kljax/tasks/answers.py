@@ -31,8 +31,11 @@ _ANSWER_IS_CHOICE = re.compile(r"answer\s+is(?:\s*:)?\s*\(?([A-J])\)?(?![A-Za-z]
 
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last complete `\\boxed{...}`/`\\fbox{...}` (the one that closes last), or None."""
+    """Content of the last complete `\\boxed{...}`/`\\fbox{...}` (the one that closes last), or None.
+    A content that is itself exactly one boxed group is unwrapped, to any depth, in one pass."""
     stack: list[int | None] = []  # content start of an open boxed brace, None for a plain brace
+    content_at: dict[int, int] = {}  # where a boxed token starts -> where its content starts
+    close_of: dict[int, int] = {}  # content start of a closed boxed group -> its closing brace
     best: tuple[int, int] | None = None
     for match in _BOXED_OR_BRACE.finditer(text):
         token = match.group()
@@ -41,33 +44,25 @@ def last_boxed(text: str) -> str | None:
                 start = stack.pop()
                 if start is not None:
                     best = (start, match.start())
+                    close_of[start] = match.start()
         elif token == "{":
             stack.append(None)
         else:
             stack.append(match.end())
+            content_at[match.start()] = match.end()
     if best is None:
         bare = _last_match(_BOXED_BARE, text)
         return bare.group(1) if bare is not None else None
-    content = text[best[0] : best[1]].strip()
-    inner = last_boxed(content) if content.startswith(("\\boxed", "\\fbox")) else None
-    if inner is not None and _is_single_boxed(content):
-        return inner
-    return content
-
-
-def _is_single_boxed(content: str) -> bool:
-    """Whether `content` is exactly one `\\boxed{...}` (so it can be unwrapped)."""
-    depth = 0
-    opened = False
-    for i, ch in enumerate(content):
-        if ch == "{":
-            depth += 1
-            opened = True
-        elif ch == "}":
-            depth -= 1
-            if depth == 0 and opened:
-                return i == len(content) - 1
-    return False
+    begin, end = best
+    while True:
+        while begin < end and text[begin].isspace():
+            begin += 1
+        while end > begin and text[end - 1].isspace():
+            end -= 1
+        inner = content_at.get(begin)
+        if inner is None or close_of.get(inner) != end - 1:
+            return text[begin:end]
+        begin, end = inner, end - 1
 
 
 def _last_match(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
