@@ -27,6 +27,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
 
 
+def is_run_workdir(path: str | Path) -> bool:
+    """Whether `path` is a `kljax train` workdir (its config.json and checkpoints/), not a model directory."""
+    return (Path(path) / "checkpoints").is_dir() and (Path(path) / "config.json").is_file()
+
+
+def workdir_hint(path: str | Path) -> str:
+    """What to do with a train workdir given where a model directory is expected."""
+    return (f"{path} is a `kljax train` workdir, not a model directory: `kljax export {path} --out DIR` writes "
+            f"its policy as a Hugging Face checkpoint; eval and generate take --checkpoint {path}")
+
+
 def char_tokenizer_files(tokenizer: Any, out_dir: str | Path) -> Path:
     """Save a `transformers` fast tokenizer with the ids of a `kljax.tokenizers.CharTokenizer`
     (<pad> 0, </s> 1, then one token per character of its alphabet)."""

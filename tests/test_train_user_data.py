@@ -131,6 +131,11 @@ def test_export_loads_in_transformers_with_the_same_logits(full_run, tmp_path, c
     assert cli_main(["export", str(workdir), "--out", str(out)]) == 2  # not over a non-empty --out
     assert "--overwrite" in capsys.readouterr().err
     assert cli_main(["export", str(workdir), "--out", str(out), "--overwrite", "--step", "4"]) == 0
+    capsys.readouterr()
+    for command in (["convert", "--export", "--model", str(workdir), "--out", str(tmp_path / "x")],
+                    ["generate", "--model", str(workdir), "--prompt", "1+1="]):
+        assert cli_main(command) == 2  # a workdir where a model directory belongs points to `kljax export`
+        assert f"kljax export {workdir} --out DIR" in capsys.readouterr().err
 
 
 def test_eval_and_generate_from_the_runs_checkpoint(full_run, tmp_path, capsys):

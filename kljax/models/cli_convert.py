@@ -35,6 +35,12 @@ def run(args: argparse.Namespace) -> int:
         print(default_model_dir())
         return 0
     model_dir = args.model or str(default_model_dir())
+    from kljax.export_cli import is_run_workdir, workdir_hint
+
+    if is_run_workdir(model_dir):
+        from kljax.errors import UserError
+
+        raise UserError(workdir_hint(model_dir))
     if args.check:
         from kljax.models.convert import check_hf_dir, read_hf_config
         from kljax.models.parity import DEFAULT_PROMPTS, compare_with_transformers, prompt_token_ids

@@ -42,6 +42,12 @@ def run(args: argparse.Namespace) -> int:
 
         return run_checkpoint(args)
     model_dir = args.model or str(default_model_dir())
+    from kljax.export_cli import is_run_workdir, workdir_hint
+
+    if is_run_workdir(model_dir):
+        from kljax.errors import UserError
+
+        raise UserError(workdir_hint(model_dir))
     orbax = is_orbax_model(model_dir)
     dtypes = dict(param_dtype=args.dtype, dtype=args.dtype)
     config = model_config_from_dir(model_dir, **dtypes) if orbax else check_hf_dir(model_dir, **dtypes)
