@@ -9,11 +9,15 @@ for (a checkpoint written on one mesh restores onto another).
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+
+from kljax.checkpoint_integrity import damage, write_checksums
+from kljax.errors import UserError
 
 
 def _abstract(tree: Any, shardings: Any) -> Any:
@@ -37,11 +41,53 @@ class RunCheckpointer:
     def all_steps(self) -> list[int]:
         return list(self._manager.all_steps())
 
+    def step_dir(self, step: int) -> Path:
+        return self.directory / str(step)
+
     def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
-        """Write checkpoint `step` (blocking: when this returns the checkpoint is complete)."""
+        """Write checkpoint `step` (blocking: when this returns the checkpoint is complete), then its
+        checksums.json (`kljax.checkpoint_integrity`, by process 0)."""
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
         self._manager.save(step, args=args, force=True)
         self._manager.wait_until_finished()
+        if jax.process_index() == 0:
+            write_checksums(self.step_dir(step))
+
+    def restore_intact(self, like_state: Any, shardings: Any, *, strict: bool = False,
+                       ) -> tuple[int, Any, dict[str, Any], list[tuple[int, str]]]:
+        """(step, state, meta, damaged) of the newest checkpoint that verifies and restores.
+
+        damaged: (step, what is wrong) of each newer one, moved to DIRECTORY.damaged/STEP so that
+        the run continues from the intact one. With `strict`, a damaged latest checkpoint is a
+        UserError instead. No intact checkpoint at all is a UserError listing what is wrong."""
+        damaged: list[tuple[int, str]] = []
+        for step in sorted(self.all_steps(), reverse=True):
+            why = damage(self.step_dir(step))
+            if why is None:
+                try:
+                    state, meta = self.restore(step, like_state, shardings)
+                    if damaged:
+                        self._set_aside([s for s, _ in damaged])
+                    return step, state, meta, damaged
+                except Exception as e:  # orbax/tensorstore raise many types for damaged files
+                    why = f"orbax cannot restore it: {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+            if strict:
+                raise UserError(f"checkpoint at step {step} in {self.directory} is damaged ({why}); "
+                                "refused by --resume=strict (plain --resume falls back to the newest intact one)")
+            damaged.append((step, why))
+        listed = "; ".join(f"step {s}: {w}" for s, w in damaged)
+        raise UserError(f"no intact checkpoint in {self.directory} ({listed or 'none written'})")
+
+    def _set_aside(self, steps: list[int]) -> None:
+        if jax.process_index() == 0:
+            aside = self.directory.with_name(self.directory.name + ".damaged")
+            aside.mkdir(exist_ok=True)
+            for step in steps:
+                target = aside / str(step)
+                if target.exists():
+                    shutil.rmtree(target)
+                os.replace(self.step_dir(step), target)
+        self._manager.reload()
 
     def restore(self, step: int, like_state: Any, shardings: Any) -> tuple[Any, dict[str, Any]]:
         """(state, meta) of checkpoint `step`, arrays placed on `shardings` (same structure as like_state)."""

@@ -23,7 +23,9 @@ ARGS = ["--config", "configs/tiny.py", "--no-progress", f"--config.steps={STEPS}
 
 
 def launch(workdir: Path, resume: bool) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "kljax", "train", "--workdir", str(workdir), *ARGS] + (["--resume"] if resume else [])
+    # --resume=auto: a run killed before its first checkpoint leaves none to resume from.
+    cmd = [sys.executable, "-m", "kljax", "train", "--workdir", str(workdir), *ARGS]
+    cmd += ["--resume=auto"] if resume else []
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy())
 
 

@@ -18,7 +18,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None,
                         help="config file with get_config() (default: configs/default.py, SmolLM2 on arithmetic)")
     parser.add_argument("--workdir", required=True, help="directory for checkpoints, metrics and evaluations")
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --workdir")
+    parser.add_argument("--resume", nargs="?", const="latest", default=None, choices=["latest", "auto", "strict"],
+                        help="continue from the newest intact checkpoint in --workdir (none: an error); "
+                             "--resume=auto starts a new run when there is none; --resume=strict refuses a "
+                             "damaged latest checkpoint instead of falling back to an older one")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--stop-after", type=int, default=None,
                         help="stop (after checkpointing) once this many steps ran in this invocation")

@@ -113,7 +113,8 @@ def update_is_finite(c: OptimConfig, grads: Params, opt_state: Any, params: Para
         new_p = leaf.parameter(p, new_mu, new_nu)
         return jnp.all(jnp.isfinite(new_p)) & jnp.all(jnp.isfinite(new_mu)) & jnp.all(jnp.isfinite(new_nu))
 
-    return tree_all_finite(jax.tree.map(one, params, scale.mu, scale.nu, grads))
+    oks = jax.tree.leaves(jax.tree.map(one, params, scale.mu, scale.nu, grads))
+    return jnp.all(jnp.stack(oks)) if oks else jnp.asarray(True)
 
 
 def update_in_place(

@@ -22,6 +22,7 @@ import functools
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,17 +36,21 @@ from tqdm.auto import tqdm
 from kljax import distributed
 from kljax import sharding as shd
 from kljax.checkpoint import RunCheckpointer
-from kljax.kl import adapt_beta, warn_if_biased
+from kljax.errors import UserError
+from kljax.kl import adapt_beta
 from kljax.metrics import MetricsWriter, to_python
 from kljax.models import transformer as tfm
+from kljax.rl.describe import RunObjective, warn_if_biased
 from kljax.tasks.base import Example
 from kljax.train import run_logs
 from kljax.train import state as st
 from kljax.train.config import RunSettings, check_against_model, validate
 from kljax.train.evaluate_loop import evaluate_splits
 from kljax.train.policy import Policy, load_policy
+from kljax.train.resume_check import check_resume_workdir
 from kljax.train.rollout import RolloutInfo, policy_scored_in_update, rollout, sampler_is_policy
 from kljax.train.step import Batch, StepSettings, batch_kl_metrics, batch_shardings, score, train_step
+from kljax.train.workdir_lock import WorkdirLock
 
 PROGRESS_KEYS = ("reward", "accuracy", "kl_seq", "entropy")
 
@@ -86,6 +91,17 @@ class Run:
     data_offset: int = 0  # file tasks: the epoch stream's position is step * prompts_per_step + this
 
 
+def _nonfinite_message(n: int, step: int, row: dict[str, float], last: int | None, workdir: Path) -> str:
+    kept = f"Last checkpoint: step {last} in {workdir}" if last is not None else "No checkpoint was written"
+    return (
+        f"{n} steps in a row (up to step {step}) had a non-finite loss, gradient or update "
+        f"(last: loss={row['loss']}, grad_norm={row['grad_norm']}, pg_loss={row['pg_loss']}, "
+        f"kl_loss={row['kl_loss']}); those updates were skipped, so parameters and optimizer state are "
+        f"those of the last good step. {kept}. "
+        "Lower optim.learning_rate or check the rewards; raise max_nonfinite_steps to tolerate more."
+    )
+
+
 def enable_compilation_cache() -> None:
     """Persist XLA compilations across runs (a resumed or repeated run skips most compile time),
     under $KLJAX_CACHE/xla (default ~/.cache/kljax/xla), unless JAX already has a cache directory."""
@@ -111,20 +127,22 @@ def under_mesh(fn: Any, mesh: Any) -> Any:
 def build(settings: RunSettings) -> tuple[Run, st.TrainState, Any]:
     """Mesh, model, task and jitted functions; the initial state and the frozen reference params."""
     from kljax.tasks.from_config import check_prompts, task_from_config
+    from kljax.tasks.reward_functions import parse_specs
     from kljax.train.reward_model_run import reward_from_config
 
     enable_compilation_cache()
     mesh_shape = distributed.check_mesh(settings.mesh, jax.device_count(), settings.rl)
     mesh = shd.make_mesh(*mesh_shape)
-    policy = load_policy(settings.raw.model, mesh, seed=settings.seed)
-    distributed.check_mesh(mesh_shape, jax.device_count(), settings.rl, policy.model)
-    num_shards = mesh.shape["data"] * mesh.shape["fsdp"]
-    check_against_model(settings, policy.model.max_position_embeddings, num_shards)
     task = task_from_config(settings.raw)  # a registered task, or the user's files (kljax.tasks.files)
     task.validate_split(settings.raw.task.split)
     for split in str(settings.raw.task.eval_splits).split(","):
         if split.strip():
             task.validate_split(split.strip())
+    parse_specs(str(settings.raw.get("reward", {}).get("functions", "") or ""))  # fails before the model loads
+    policy = load_policy(settings.raw.model, mesh, seed=settings.seed)
+    distributed.check_mesh(mesh_shape, jax.device_count(), settings.rl, policy.model)
+    num_shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    check_against_model(settings, policy.model.max_position_embeddings, num_shards)
     dropped = check_prompts(task, settings.raw, policy.tokenizer)  # every file row, before anything compiles
     if any(dropped.values()) and distributed.is_main_process():
         print(f"kljax train: dropped prompts longer than rl.max_prompt_len={settings.rl.max_prompt_len}: "
@@ -238,17 +256,20 @@ def iteration(run: Run, state: st.TrainState, ref_params: Any, step: int, *, bet
     return Iteration(state, queue, next_beta, row, batch, info)
 
 
-def train(config: ml_collections.ConfigDict, workdir: str | Path, resume: bool = False,
-          progress: bool = True, stop_after: int | None = None) -> dict[str, Any]:
-    """Run (or resume) the configured RL run; returns a summary with before/after evaluations.
+def _train(config: ml_collections.ConfigDict, workdir: str | Path, resume: str | None = None,
+           progress: bool = True, stop_after: int | None = None) -> dict[str, Any]:
+    """`train` once WORKDIR is locked; `resume` is a mode of RESUME_MODES or None.
 
     `stop_after` ends this invocation after that many steps (checkpointing first), e.g. to fit a
     preemptible time slot; `--resume` continues exactly where it stopped.
     """
     settings = validate(config)
-    warn_if_biased(settings.kl)
+    objective = warn_if_biased(RunObjective.from_rl(settings.rl, settings.kl))
     workdir = Path(workdir)
     main = distributed.is_main_process()
+    if main:
+        print(f"kljax train: objective {objective.name}: {objective.verdict}, E[gradient] = {objective.gradient}",
+              flush=True)
     workdir.mkdir(parents=True, exist_ok=True)
     ckpt = RunCheckpointer(workdir / "checkpoints", settings.keep_checkpoints)
     latest = ckpt.latest_step()
@@ -256,6 +277,11 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, resume: bool =
         raise ValueError(
             f"{workdir} already holds a run (checkpoint at step {latest}); pass --resume or a new --workdir"
         )
+    if resume and latest is None and resume != "auto":
+        raise UserError(f"--resume: {workdir} holds no checkpoint to resume from; pass --resume=auto to start a "
+                        "new run when there is none")
+    if resume and latest is not None and main:
+        check_resume_workdir(workdir, settings.raw.to_dict())  # before anything compiles
     run, state, ref_params = build(settings)
     rl, kl = settings.rl, settings.kl
     snapshots: collections.deque = collections.deque(
@@ -268,7 +294,10 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, resume: bool =
         like = _checkpoint_tree(state, snapshots)
         snapshot_shardings = collections.deque([run.policy.param_shardings] * len(snapshots))
         shardings = _checkpoint_tree(run.state_shardings, snapshot_shardings)
-        restored, meta = ckpt.restore(latest, like, shardings)
+        latest, restored, meta, damaged = ckpt.restore_intact(like, shardings, strict=resume == "strict")
+        for bad, why in damaged if main else ():
+            print(f"kljax train: checkpoint at step {bad} is damaged ({why}); set aside in "
+                  f"{ckpt.directory}.damaged, resuming from step {latest}", file=sys.stderr, flush=True)
         state = restored["train"]
         snapshots = collections.deque(restored["snapshots"], maxlen=max(rl.async_level, 1))
         beta, start = float(meta["beta"]), int(meta["step"])
@@ -311,13 +340,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, resume: bool =
         if nonfinite_run >= settings.max_nonfinite_steps:
             writer.close()
             ckpt.close()
-            raise NonFiniteError(
-                f"{nonfinite_run} steps in a row (up to step {step + 1}) had a non-finite loss or gradient "
-                f"(last: loss={row['loss']}, grad_norm={row['grad_norm']}, pg_loss={row['pg_loss']}, "
-                f"kl_loss={row['kl_loss']}); those updates were skipped, so parameters and optimizer state are "
-                f"those of the last good step. Last checkpoint: step {ckpt.latest_step()} in {workdir}. "
-                "Lower optim.learning_rate or check the rewards; raise max_nonfinite_steps to tolerate more."
-            )
+            raise NonFiniteError(_nonfinite_message(nonfinite_run, step + 1, row, ckpt.latest_step(), workdir))
         bar.set_postfix({k: f"{row[k]:.3f}" for k in PROGRESS_KEYS})
         done = step + 1
         stopping = stop_after is not None and done - start >= stop_after
@@ -331,6 +354,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, resume: bool =
     ckpt.close()
     if run.reward is not None:
         run.reward.close()
+    if nonfinite_run and nonfinite_run == done - start:  # not one good step: the run learned nothing
+        raise NonFiniteError(_nonfinite_message(nonfinite_run, done, row, ckpt.latest_step(), workdir))
     if done < settings.steps:
         return {"before": {}, "after": {}, "params": state.params, "stopped_at": done}
     after = evaluate_splits(run, state.params)
@@ -339,3 +364,31 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, resume: bool =
     before_path = workdir / "eval_before.json"
     before = json.loads(before_path.read_text()) if before_path.exists() else {}
     return {"before": before, "after": after, "params": state.params}
+
+
+RESUME_MODES = ("latest", "auto", "strict")
+
+
+def train(config: ml_collections.ConfigDict, workdir: str | Path, resume: bool | str = False,
+          progress: bool = True, stop_after: int | None = None) -> dict[str, Any]:
+    """Run (or resume) the configured RL run; returns a summary with before/after evaluations.
+
+    resume: False starts a new run (a workdir holding a checkpoint is an error); True or "latest"
+    continues from the newest intact checkpoint (none is an error; damaged newer ones are reported
+    and set aside), "auto" also starts a new run when there is none, "strict" refuses a damaged
+    latest checkpoint. A resumed config may change only `resume_check.SAFE_FIELDS`. WORKDIR is
+    locked for the run (`workdir_lock`): a second run on it is an error.
+    `stop_after` ends this invocation after that many steps (checkpointing first), e.g. to fit a
+    preemptible time slot; `--resume` continues exactly where it stopped.
+    """
+    mode = "latest" if resume is True else (resume or None)
+    if mode not in (None, *RESUME_MODES):
+        raise UserError(f"--resume={resume!r} is not valid; choose one of {list(RESUME_MODES)} (or plain --resume)")
+    validate(config)  # a bad config creates no workdir
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    lock = WorkdirLock(workdir).acquire() if distributed.is_main_process() else None
+    try:
+        return _train(config, workdir, mode, progress=progress, stop_after=stop_after)
+    finally:
+        if lock is not None:
+            lock.release()
