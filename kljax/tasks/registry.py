@@ -10,6 +10,9 @@
     get_task("mmlu_college_physics")            and _chemistry, _biology: the paper's OOD sets
     get_task("repeat_digit")                    toy task for tiny models (kljax/tasks/toy.py): train, test
 
+The user's own files (`jsonl`, `parquet`, `csv`, `hf`) are not registered: `kljax.tasks.from_config`
+builds them from config.task (`kljax.tasks.files.FileTask`).
+
 A spec "name:split" (e.g. "arithmetic:ood_ops", "gsm8k:test") names a task and one of its splits:
 `parse_task_spec`. Unknown names and splits are ValueErrors that list the valid ones.
 """

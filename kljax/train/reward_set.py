@@ -10,8 +10,9 @@ non-number or a non-finite value is an error: with reward.on_error="raise" (defa
 offending sequences score 0 for that function and are counted (`reward/NAME/errors`). When a
 batched call fails as a whole, each item is retried alone to find which examples fail.
 
-With reward.timeout_s set, the functions run in a `VerifierPool` of worker processes with that time
-limit per call (the user's code then cannot hang or crash the run); otherwise in this process.
+With reward.timeout_s set, the user's functions run in a `VerifierPool` of worker processes with that
+time limit per call (their code then cannot hang or crash the run); otherwise, and for the built-ins,
+in this process.
 
 Correctness (the `accuracy` metric) is always the task's own check (`score_batch`): for a file task
 without an answer column it is 0.
@@ -129,7 +130,8 @@ class RewardSet:
         return RewardResult(total.astype(np.float32), np.asarray(correct, bool), parts, metrics)
 
     def _run(self, fn: Any, calls: list[tuple[list[str], list[str], dict[str, list[Any]]]]) -> list[Outcome]:
-        in_pool = self.timeout_s is not None and isinstance(fn, RewardRef)
+        # user functions only: the built-ins never hang (math_answer has its own pool and time limit)
+        in_pool = self.timeout_s is not None and isinstance(fn, RewardRef) and ":" in fn.spec
         if in_pool:
             if self._pool is None:
                 self._pool = VerifierPool(timeout_s=self.timeout_s, preload=("kljax.train.reward_set",))
