@@ -17,6 +17,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "kl-configs": ("kljax.kl_table", "print every KL configuration and what its gradient is"),
     "bias-study": ("kljax.bias.cli", "exact and Monte-Carlo gradient bias/variance of KL configurations"),
+    "converge-study": ("kljax.studies.converge_cli", "train each KL configuration to the exact optimum of toy tasks"),
     "convert": ("kljax.models.cli_convert", "convert a Hugging Face checkpoint to kljax (and back)"),
     "generate": ("kljax.models.cli_generate", "generate text from a model directory"),
     "export": ("kljax.export_cli", "write a run's trained policy as a Hugging Face checkpoint with its tokenizer"),
