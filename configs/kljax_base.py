@@ -27,6 +27,9 @@ def base() -> ml_collections.ConfigDict:
             # in the backward pass; with rl.micro_batches > 1 it also adds the layers' gradients into
             # the accumulator in place (one gradient tree instead of two): the low-memory setting.
             remat="none",
+            # "auto" (the XLA-CPU kernels on a CPU backend, plain JAX elsewhere), "plain" (jnp.einsum,
+            # jax.nn.dot_product_attention, autodiff everywhere) or "cpu"; the same numbers either way.
+            kernels="auto",
             # Used only by source="tiny":
             tiny=dict(vocab_size=19, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                       num_kv_heads=2, head_dim=8, max_position_embeddings=64, init_std=0.02),

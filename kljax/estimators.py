@@ -1,6 +1,6 @@
 """Per-token estimators of the reverse KL divergence KL(pi_theta || pi_ref).
 
-Notation (see KL_MATH.md): at token t of a response y ~ pi_theta, with prefix h_t,
+Notation (see docs/kl_math.md): at token t of a response y ~ pi_theta, with prefix h_t,
     d_t   = log pi_theta(y_t|h_t) - log pi_ref(y_t|h_t)       (the log-ratio)
     rho_t = exp(-d_t) = pi_ref(y_t|h_t) / pi_theta(y_t|h_t)
     KL_t(h_t) = KL(pi_theta(.|h_t) || pi_ref(.|h_t)),   KL_seq = E[sum_t d_t] = E[sum_t KL_t(h_t)].
@@ -87,7 +87,7 @@ def k3_plus(d: Array) -> Array:
 
 
 # Sample-based estimators by config name. The full-vocabulary KL ("full") needs both models'
-# logits, not one log-ratio, and is computed by `full_kl` below.
+# logits, not one log-ratio, and is computed by `full_kl_from_logits` below.
 SAMPLE_ESTIMATORS: dict[str, Callable[[Array], Array]] = {
     "k1": k1,
     "k2": k2,
@@ -112,34 +112,8 @@ def full_kl_from_logits(logits_btv: Array, ref_logits_btv: Array) -> Array:
 
     Shapes: [B, T, V], [B, T, V] -> [B, T]. Zero variance at a prefix; its gradient is
     grad_theta KL_t at the fixed prefix (the partial reverse KL). Holds [B, T, V] float32 arrays:
-    use `full_kl` for long sequences.
+    for long sequences the train step forms it in chunks (`transformer_policy.full_kl_from_hidden`).
     """
     logp_btv = jax.nn.log_softmax(as_float(logits_btv), axis=-1)
     ref_logp_btv = jax.nn.log_softmax(as_float(ref_logits_btv), axis=-1)
     return jnp.sum(jnp.exp(logp_btv) * (logp_btv - ref_logp_btv), axis=-1)
-
-
-def full_kl(logits_btv: Array, ref_logits_btv: Array, chunk_size: int = 128) -> Array:
-    """`full_kl_from_logits`, chunked over the sequence axis.
-
-    Shapes: [B, T, V], [B, T, V] -> [B, T]. The float32 log-softmax work is done one
-    [B, chunk_size, V] slice at a time (a `lax.map` over chunks, rematerialized in the backward
-    pass), so besides the inputs no more than one extra chunk-sized vocabulary array is live.
-    T need not divide chunk_size: the tail is padded and dropped.
-    """
-    b, t, v = logits_btv.shape
-    if ref_logits_btv.shape != (b, t, v):
-        raise ValueError(f"logits shapes differ: {logits_btv.shape} vs {ref_logits_btv.shape}")
-    if chunk_size <= 0:
-        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
-    chunk = min(chunk_size, t)
-    n_chunks = -(-t // chunk)
-    pad = n_chunks * chunk - t
-
-    def split(x: Array) -> Array:  # [B, T, V] -> [n_chunks, B, chunk, V]
-        x = jnp.pad(x, ((0, 0), (0, pad), (0, 0)))
-        return x.reshape(b, n_chunks, chunk, v).swapaxes(0, 1)
-
-    per_chunk = jax.checkpoint(lambda xs: full_kl_from_logits(*xs))
-    kl_nbc = jax.lax.map(per_chunk, (split(logits_btv), split(ref_logits_btv)))
-    return kl_nbc.swapaxes(0, 1).reshape(b, n_chunks * chunk)[:, :t]

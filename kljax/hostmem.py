@@ -95,11 +95,28 @@ def tuned_environment(
     return env
 
 
+ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "jax_rocm7_plugin", "libtpu")
+
+
+def expects_cpu_backend(environ: Mapping[str, str], find_spec: Callable[[str], object] | None = None) -> bool:
+    """Whether JAX will run on the CPU, decided before JAX is imported: JAX_PLATFORMS names cpu
+    first, or (unset) no accelerator plugin is installed. The tuning here is for XLA CPU only."""
+    import importlib.util
+
+    platforms = environ.get("JAX_PLATFORMS", "").strip()
+    if platforms:
+        return platforms.split(",")[0].strip() == "cpu"
+    find = find_spec or importlib.util.find_spec
+    return not any(find(name) is not None for name in ACCELERATOR_PLUGINS)
+
+
 def reexec_with_malloc_tunables(
     args: Sequence[str], execve: Callable[[str, list[str], dict[str, str]], object] = os.execve
 ) -> None:
     """Replace this process by `python -m kljax ARGS` with the malloc tunables `tuned_environment`
-    adds, if any; otherwise return and let the caller go on."""
+    adds, if any, on a CPU backend (`expects_cpu_backend`); otherwise return and let the caller go on."""
+    if not expects_cpu_backend(os.environ):
+        return
     env = tuned_environment(os.environ, _glibc_version(), _thp_mode(), sys.platform)
     if env is None:
         return

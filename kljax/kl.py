@@ -178,7 +178,7 @@ def kl_terms(
     logp_bt: [B, T] log pi_theta(y_t|h_t), differentiable. ref_logp_bt: [B, T] log pi_ref (frozen).
     mask_bt: [B, T] 1 for response tokens. sampler_logp_bt: [B, T] log mu(y_t|h_t) of the policy
     that sampled y (None: on-policy, mu = pi_theta). full_kl_bt: [B, T] differentiable
-    KL(pi_theta(.|h_t) || pi_ref(.|h_t)), required for estimator 'full' (`estimators.full_kl`).
+    KL(pi_theta(.|h_t) || pi_ref(.|h_t)), required for estimator 'full' (`estimators.full_kl_from_logits`).
     """
     mask = est.as_float(mask_bt)
     # Padding may hold garbage (-inf log-probs): select it away before any arithmetic, so that

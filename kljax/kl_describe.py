@@ -1,4 +1,4 @@
-"""What each KL configuration's gradient is, in expectation: the table of KL_MATH.md as rules.
+"""What each KL configuration's gradient is, in expectation: the table of docs/kl_math.md as rules.
 
 The decomposition behind every row (on-policy, y ~ pi_theta):
     grad E[sum_t k_t] = E[sum_t grad k_t]  (pathwise: the "loss" part)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hlo_dots import dot_operand_types
 
-from kljax.models.attention import NEG, attention
+from kljax.kernels.cpu.attention import NEG, attention
 
 B, T, H, KV, DH = 2, 12, 6, 2, 8
 
@@ -78,7 +78,7 @@ def test_grouping_of_heads_is_the_plain_repeat(kv):
 
 
 def test_blocks_of_batch_rows_equal_the_whole_batch(monkeypatch):
-    import kljax.models.attention as attn
+    import kljax.kernels.cpu.attention as attn
 
     q, k, v, allowed, cot = _inputs(jnp.float32)
     grad = lambda: jax.grad(_loss(attention, allowed, cot), argnums=(0, 1, 2))(q, k, v)

@@ -71,24 +71,6 @@ def test_k3_precision_for_tiny_log_ratios():
     assert abs(float(naive) - truth[1]) / truth[1] > 1e-2
 
 
-@pytest.mark.parametrize("chunk", [1, 3, 4, 7, 64])
-def test_full_kl_chunked_equals_unchunked(chunk):
-    key1, key2 = jax.random.split(jax.random.PRNGKey(1))
-    a = jax.random.normal(key1, (2, 7, 11))
-    b = jax.random.normal(key2, (2, 7, 11))
-    np.testing.assert_allclose(est.full_kl(a, b, chunk), est.full_kl_from_logits(a, b), rtol=1e-5, atol=1e-6)
-    g1 = jax.grad(lambda x: jnp.sum(est.full_kl(x, b, chunk)))(a)
-    g2 = jax.grad(lambda x: jnp.sum(est.full_kl_from_logits(x, b)))(a)
-    np.testing.assert_allclose(g1, g2, rtol=1e-5, atol=1e-6)
-
-
-def test_full_kl_rejects_bad_shapes():
-    with pytest.raises(ValueError, match="shapes differ"):
-        est.full_kl(jnp.zeros((1, 2, 3)), jnp.zeros((1, 2, 4)))
-    with pytest.raises(ValueError, match="chunk_size"):
-        est.full_kl(jnp.zeros((1, 2, 3)), jnp.zeros((1, 2, 3)), chunk_size=0)
-
-
 def test_unknown_estimator_lists_valid_names():
     with pytest.raises(ValueError, match=r"unknown KL estimator 'k4'.*k1"):
         est.sample_estimator("k4")

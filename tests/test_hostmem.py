@@ -87,3 +87,16 @@ def test_the_kljax_command_reexecutes_once_with_the_tunable(tmp_path):
     log.unlink()
     assert run({"KLJAX_HUGEPAGES": "0"}) == tuned and "COMMAND" in tuned
     assert log.read_text().splitlines() == ["None"]
+
+
+def test_host_tuning_only_for_a_cpu_backend(monkeypatch):
+    """Decided before JAX starts: JAX_PLATFORMS first, else whether an accelerator plugin is installed."""
+    none = lambda name: None
+    assert hostmem.expects_cpu_backend({}, none)
+    assert hostmem.expects_cpu_backend({"JAX_PLATFORMS": "cpu"}, lambda name: object())
+    assert not hostmem.expects_cpu_backend({"JAX_PLATFORMS": "cuda,cpu"}, none)
+    assert not hostmem.expects_cpu_backend({}, lambda name: object() if name == "jax_cuda12_plugin" else None)
+    calls = []
+    monkeypatch.setenv("JAX_PLATFORMS", "tpu")
+    hostmem.reexec_with_malloc_tunables(["train"], execve=lambda *a: calls.append(a))
+    assert calls == []

@@ -1,4 +1,4 @@
-"""Every row of KL_MATH.md, checked by exact enumeration on a tabular autoregressive policy.
+"""Every row of docs/kl_math.md's tables, checked by exact enumeration on a tabular autoregressive policy.
 
 The expected gradient of each configuration is computed with the same `kljax.kl` functions the
 trainer calls (`kl_surrogate` = the reward penalty through the policy loss's token ratio + the loss

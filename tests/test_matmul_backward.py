@@ -1,4 +1,4 @@
-"""The model's projection matmul (`kljax.models.matmul.matmul`) and its hand-written backward: the same
+"""The model's projection matmul (`kljax.kernels.cpu.matmul.matmul`) and its hand-written backward: the same
 gradients as autodiff of a plain dot, and on CPU bfloat16 dots that stay bfloat16 (XLA CPU turns
 a dot with a column-major 16-bit operand into a float32 dot, about 4x slower here)."""
 
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from hlo_dots import dot_operand_types
 
-from kljax.models import matmul as mm
+from kljax.kernels.cpu import matmul as mm
 
 
 def _inputs(dtype):

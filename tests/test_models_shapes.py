@@ -96,9 +96,9 @@ def test_invalid_configs_raise_with_valid_choices():
 @pytest.mark.parametrize("n_in", [1, 2])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_projection_backward_equals_autodiff_of_einsum(n_in, dtype):
-    """The hand-written backward of the weight projections (`kljax.models.matmul.matmul`) is the
+    """The hand-written backward of the weight projections (`kljax.kernels.cpu.matmul.matmul`) is the
     gradient of the plain einsum, for one and for two contracted axes (the output projection's [H, Dh])."""
-    from kljax.models.matmul import project
+    from kljax.kernels.cpu.matmul import project
 
     rng = np.random.default_rng(n_in)
     x = jnp.asarray(rng.standard_normal((3, 5, 24) if n_in == 1 else (3, 5, 4, 6)), dtype)

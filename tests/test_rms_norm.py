@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kljax.models.rms_norm import _scale, rms_norm
+from kljax.kernels.cpu.rms_norm import _scale, rms_norm
 
 
 def _plain(x, w, eps):

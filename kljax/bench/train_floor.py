@@ -4,7 +4,7 @@
                     the fused gate/up and the down projection over the B x S tokens, the unembedding
                     over the B x R response positions, and for each the backward's dy @ W^T and x^T @ dy
 
-They run through `kljax.models.matmul.matmul`, the train step's own projection with its row-major
+They run through `kljax.kernels.cpu.matmul.matmul`, the train step's own projection with its row-major
 backward, in the compute dtype with float32 accumulation, chained through a residual so that
 nothing can be skipped. Left out: attention (its score and value products included), norms, RoPE,
 the log-softmax over the vocabulary, the loss and AdamW, all of which a real update adds. The
@@ -28,7 +28,7 @@ def matmul_floor(config: Any, batch: int, seq_len: int, response_len: int, repea
     import jax
     import jax.numpy as jnp
 
-    from kljax.models.matmul import matmul
+    from kljax.kernels.cpu.matmul import matmul
 
     dt = config.jnp_dtype
     tokens, head_rows = batch * seq_len, batch * response_len

@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 # HF architecture name -> HF model_type. The only architectures kljax converts.
@@ -29,6 +30,7 @@ HF_DEFAULTS: dict[str, dict[str, Any]] = {
 HF_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 ROPE_TYPES = ("default", "linear", "llama3")
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_no_batch_saveable")
+KERNELS = ("auto", "plain", "cpu")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -68,6 +70,7 @@ class ModelConfig:
     dtype: str = "float32"
     scan_layers: bool = True
     remat: str = "none"
+    kernels: str = "auto"  # "plain" JAX, the "cpu" kernels, or "auto": cpu on a CPU backend only
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -79,6 +82,8 @@ class ModelConfig:
             raise ValueError(f"unsupported rope type {self.rope_type!r}; supported: {list(ROPE_TYPES)}")
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"unknown remat policy {self.remat!r}; valid: {list(REMAT_POLICIES)}")
+        if self.kernels not in KERNELS:
+            raise ValueError(f"model.kernels={self.kernels!r} is not valid; choose one of {list(KERNELS)}")
         for name in ("param_dtype", "dtype"):
             if getattr(self, name) not in DTYPES:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not one of {list(DTYPES)}")
@@ -86,6 +91,11 @@ class ModelConfig:
             raise ValueError(
                 f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
             )
+
+    @property
+    def cpu_kernels(self) -> bool:
+        """Whether the model runs the XLA-CPU kernels (`kljax.kernels.cpu`) or plain JAX."""
+        return self.kernels == "cpu" or (self.kernels == "auto" and jax.default_backend() == "cpu")
 
     @property
     def model_type(self) -> str:
@@ -112,7 +122,7 @@ class ModelConfig:
     def from_hf(cls, hf: Mapping[str, Any], **overrides: Any) -> ModelConfig:
         """Build from a HF `config.json` dict (transformers 4.x `rope_scaling` or 5.x `rope_parameters`).
 
-        `overrides` sets run-time fields (param_dtype, dtype, scan_layers, remat). Raises ValueError
+        `overrides` sets run-time fields (param_dtype, dtype, scan_layers, remat, kernels). Raises ValueError
         for an unsupported architecture or feature (sliding windows, MLP bias, non-SiLU, rope types
         other than default/linear/llama3).
         """

@@ -276,10 +276,11 @@ def validate_checkpoint(files: Mapping[str, SafetensorsFile], config: ModelConfi
     for rule, shape in _rules_for(config):
         for key in _hf_keys(rule, config):
             expected[key] = hf_shape(rule, shape)
+    where = next(iter(files.values())).path.parent if files else "checkpoint"
     missing = [k for k in expected if k not in files]
     if missing:
         raise UserError(
-            f"checkpoint is missing {len(missing)} tensor(s) that {config.architecture} with this "
+            f"checkpoint {where} is missing {len(missing)} tensor(s) that {config.architecture} with this "
             "config.json "
             f"needs: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}"
         )
@@ -291,7 +292,7 @@ def validate_checkpoint(files: Mapping[str, SafetensorsFile], config: ModelConfi
     ]
     if extra:
         raise UserError(
-            f"checkpoint has {len(extra)} unexpected tensor(s) for {config.architecture} with this "
+            f"checkpoint {where} has {len(extra)} unexpected tensor(s) for {config.architecture} with this "
             "config.json: "
             f"{', '.join(sorted(extra)[:8])}{' ...' if len(extra) > 8 else ''}"
         )
@@ -399,7 +400,7 @@ def export_hf(
     np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
     if hf_config is not None:
         arch_fields = {f.name for f in dataclasses.fields(ModelConfig)} - {
-            "param_dtype", "dtype", "scan_layers", "remat"
+            "param_dtype", "dtype", "scan_layers", "remat", "kernels"
         }
         theirs = ModelConfig.from_hf(hf_config)
         diff = [f for f in arch_fields if getattr(theirs, f) != getattr(config, f)]

@@ -48,10 +48,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from kljax.models.attention import attention
 from kljax.models.config import ModelConfig
-from kljax.models.matmul import project
-from kljax.models.rms_norm import rms_norm
+from kljax.models.layers import attention, project, rms_norm, rope_cs
 from kljax.models.vocab_logprobs import vocab_logits, vocab_logprobs
 from kljax.sharding import constrain_batch
 
@@ -182,12 +180,6 @@ def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype: Any = 
     return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch_size, max_len), bool))
 
 
-def cache_logical_axes() -> KVCache:
-    """Logical axes of a `KVCache`, for `kljax.sharding.logical_to_sharding`."""
-    kv = PartitionSpec("layers", "batch", "length", "kv_heads", "head_dim")
-    return KVCache(kv, kv, PartitionSpec("batch", "length"))
-
-
 # ---------------------------------------------------------------------------------------- blocks
 
 
@@ -220,13 +212,7 @@ def rope_inv_freq(config: ModelConfig) -> np.ndarray:
 def _rope_tables(positions_bt: jax.Array, config: ModelConfig) -> tuple[jax.Array, jax.Array]:
     """cos, sin [B, T, 1, Dh // 2] float32."""
     angles = positions_bt.astype(jnp.float32)[..., None] * jnp.asarray(rope_inv_freq(config))
-    cs = jnp.stack([jnp.cos(angles), jnp.sin(angles)])
-    # Materialized once: an identity reduce_precision (float32 to float32) is what XLA CPU will not
-    # fuse into the consumers. Fused, every rotation of q and k, forward and backward, recomputed
-    # cos and sin for each of its elements: the rotation fusions took 386 ms of a 8.6 s bf16
-    # SmolLM2 update, 238 ms with the tables materialized (an optimization_barrier does not stop
-    # that fusion on CPU).
-    cs = jax.lax.reduce_precision(cs, exponent_bits=8, mantissa_bits=23)
+    cs = rope_cs(angles, config)
     return cs[0][:, :, None, :], cs[1][:, :, None, :]
 
 
@@ -250,12 +236,12 @@ def _layer(
     """One pre-norm block: x + attn(norm(x)), then + SwiGLU(norm(x)). Updates the stacked cache."""
     dt, eps = x_btd.dtype, config.rms_norm_eps
     w = lambda name: lp[name].astype(dt)
-    h = rms_norm(x_btd, lp["attn_norm"], eps)
-    q, k, v = project(h, w("q"), 1), project(h, w("k"), 1), project(h, w("v"), 1)
+    h = rms_norm(x_btd, lp["attn_norm"], eps, config)
+    q, k, v = project(h, w("q"), 1, config), project(h, w("k"), 1, config), project(h, w("v"), 1, config)
     if config.qkv_bias:
         q, k, v = q + w("q_bias"), k + w("k_bias"), v + w("v_bias")
     if config.qk_norm:
-        q, k = rms_norm(q, lp["q_norm"], eps), rms_norm(k, lp["k_norm"], eps)
+        q, k = rms_norm(q, lp["q_norm"], eps, config), rms_norm(k, lp["k_norm"], eps, config)
     q, k = _apply_rope(q, *rope), _apply_rope(k, *rope)
     if cache_kv is not None:
         ck, cv = cache_kv
@@ -267,13 +253,13 @@ def _layer(
         cache_kv = (ck, cv)
     else:
         keys, values = k, v
-    attn = attention(q, keys, values, allowed_bts)
-    x_btd = x_btd + project(attn, w("o"), 2)
+    attn = attention(q, keys, values, allowed_bts, config)
+    x_btd = x_btd + project(attn, w("o"), 2, config)
     if config.o_bias:
         x_btd = x_btd + w("o_bias")
-    h = rms_norm(x_btd, lp["mlp_norm"], eps)
-    gated = jax.nn.silu(project(h, w("gate"), 1)) * project(h, w("up"), 1)
-    return x_btd + project(gated, w("down"), 1), cache_kv
+    h = rms_norm(x_btd, lp["mlp_norm"], eps, config)
+    gated = jax.nn.silu(project(h, w("gate"), 1, config)) * project(h, w("up"), 1, config)
+    return x_btd + project(gated, w("down"), 1, config), cache_kv
 
 
 def _unstacked(layers: Params) -> list[Params]:
@@ -355,7 +341,7 @@ def forward_hidden(
     else:
         for i, lp in enumerate(_unstacked(layers)):
             (x, cache_kv), _ = body((x, cache_kv), (lp, i))
-    x = rms_norm(x, params["final_norm"], config.rms_norm_eps)
+    x = rms_norm(x, params["final_norm"], config.rms_norm_eps, config)
     new_cache = None if cache is None else KVCache(cache_kv[0], cache_kv[1], key_mask)
     return x, new_cache
 

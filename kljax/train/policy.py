@@ -33,7 +33,7 @@ class Policy:
 
 def _runtime(section: ml_collections.ConfigDict) -> dict[str, Any]:
     return dict(dtype=section.dtype, param_dtype=section.param_dtype, scan_layers=bool(section.scan_layers),
-                remat=section.remat)
+                remat=section.remat, kernels=section.get("kernels", "auto"))
 
 
 def tiny_model_config(section: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:

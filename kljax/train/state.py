@@ -1,6 +1,6 @@
 """Train state, optimizer, and creating both directly in their shardings.
 
-`create_state` follows DESIGN.md item 5: the state's shapes come from `jax.eval_shape`, its
+`create_state`: the state's shapes come from `jax.eval_shape`, its
 shardings from the model's logical axes, and `jax.jit(init, out_shardings=...)` materializes it
 already sharded, so a model too large for one device is never built unsharded.
 """

@@ -29,7 +29,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from kljax.models.matmul import row_major
+from kljax.kernels.cpu.matmul import row_major
 from kljax.sharding import on_one_cpu_device
 
 NEG = -1e30

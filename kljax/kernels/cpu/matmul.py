@@ -2,8 +2,10 @@
 hand-written backward with row-major operands (what XLA CPU's matmul kernels need to run fast).
 
 `matmul(x, w)` is the 2-D product with that backward, `project(x, w, n_in)` every weight
-projection of `kljax.models.transformer`, `einsum` the float32-accumulating einsum its attention
-uses, `row_major` the layout constraint 16-bit dot operands need on CPU.
+projection of `kljax.models.transformer` under `model.kernels="cpu"`, `row_major` the layout
+constraint 16-bit dot operands need on CPU. Products accumulate in float32 and return x.dtype:
+XLA CPU runs a 16-bit-out dot as a float32 dot, converting both operands first; asking for the
+float32 result is what selects its bfloat16 kernels.
 `tests/test_matmul_backward.py` and `tests/test_models_shapes.py` check the
 gradients against autodiff and the compiled bfloat16 backward's operand types.
 """
@@ -15,14 +17,6 @@ import math
 import jax
 import jax.numpy as jnp
 from jax.experimental.layout import Layout, with_layout_constraint
-
-
-def einsum(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
-    """`jnp.einsum` accumulated in float32 and returned in x.dtype. The same numbers as a 16-bit-out
-    einsum (which also accumulates in float32), but XLA CPU runs a 16-bit-out dot as a float32 dot,
-    converting both operands first: asking for the float32 result is what selects its bfloat16
-    kernels (about 2x the float32 rate on a CPU with AVX512-BF16). A no-op in float32."""
-    return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
 def row_major(a: jax.Array) -> jax.Array:
@@ -39,7 +33,7 @@ def row_major(a: jax.Array) -> jax.Array:
 
 @jax.custom_vjp
 def matmul(x_ni: jax.Array, w_io: jax.Array) -> jax.Array:
-    """x [N, I] @ w [I, O] accumulated in float32, in x.dtype (see `einsum`), with a hand-written
+    """x [N, I] @ w [I, O] accumulated in float32, in x.dtype (module doc), with a hand-written
     backward: dx = dy w^T and dw = x^T dy from operands that are materialized first.
 
     Why: XLA CPU's matmul kernels take row-major operands, so the backward's transposed operands
@@ -47,11 +41,16 @@ def matmul(x_ni: jax.Array, w_io: jax.Array) -> jax.Array:
     the incoming gradient's elementwise chain) into that copy, and the fused transposing loop ran
     at ~15 ns an element: 4.9 s of a 32 s SmolLM2 update at 16 x 256. The barrier makes both a
     plain copy of an array already in memory."""
+    return _product(x_ni, w_io)
+
+
+def _product(x_ni: jax.Array, w_io: jax.Array) -> jax.Array:
     return jnp.dot(x_ni, w_io, preferred_element_type=jnp.float32).astype(x_ni.dtype)
 
 
 def _matmul_fwd(x_ni: jax.Array, w_io: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    return matmul(x_ni, w_io), (x_ni, w_io)
+    # The product itself, not a nested `matmul`: a dot_general that `jax.checkpoint` policies see.
+    return _product(x_ni, w_io), (x_ni, w_io)
 
 
 def _matmul_bwd(res: tuple[jax.Array, jax.Array], dy_no: jax.Array) -> tuple[jax.Array, jax.Array]:

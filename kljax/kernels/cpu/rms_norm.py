@@ -1,4 +1,5 @@
-"""RMSNorm whose weight gradient is summed over the rows as a float32 product.
+"""XLA-CPU RMSNorm, whose weight gradient is summed over the rows as a float32 product (and the
+RoPE tables' materialization, `materialized`).
 
     r = 1 / sqrt(mean_d x_d^2 + eps),   xn = x r   (float32, rounded to x.dtype),   y = w xn
 
@@ -52,3 +53,11 @@ def _scale_bwd(res: tuple[jax.Array, jax.Array], g: jax.Array) -> tuple[jax.Arra
 
 
 _scale.defvjp(_scale_fwd, _scale_bwd)
+
+
+def materialized(x: jax.Array) -> jax.Array:
+    """x, held in memory: an identity reduce_precision (float32 to float32) is what XLA CPU will not
+    fuse into the consumers. Used for RoPE's cos/sin tables, which fused into every rotation of q
+    and k were recomputed per element (docs/performance.md; an optimization_barrier does not stop
+    that fusion on CPU)."""
+    return jax.lax.reduce_precision(x, exponent_bits=8, mantissa_bits=23)
