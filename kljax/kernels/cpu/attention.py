@@ -1,4 +1,4 @@
-"""Grouped-query attention over a whole sequence, with a hand-written backward.
+"""XLA-CPU grouped-query attention over a whole sequence, with a hand-written backward.
 
 q [B, T, H, Dh], k / v [B, S, Kv, Dh], allowed [B, T, S] -> out [B, T, H, Dh]. Heads-major inside:
 the G = H / Kv query heads that share a key head are stacked as rows, so each (b, kv-head) pair is
@@ -15,13 +15,10 @@ operands are the ones transposed) and transposed back, since XLA CPU's matmul ke
 row-major operands.
 
 On one CPU device both passes run over blocks of batch rows (`cpu_batch_group`, a `lax.map`) whose
-scores stay cache-sized.
-
-Why: measured on XLA CPU for the SmolLM2 update at 16 x 256 in bfloat16, autodiff of the softmax
-under `jax.checkpoint` put its reductions into YNNPACK dot fusions and materialized broadcast masks
-of the full [B, Kv, G, T, S] scores; attention was the largest part of the update outside the
-weight matmuls. Same-process A/B of that update: 14.0 -> 9.8 s for this backward, then 12.0 -> 8.9 s
-for the blocks of 2 rows (8 MB of scores each) against the whole batch at once; float32 unchanged.
+scores stay cache-sized. Why by hand: autodiff of the softmax on XLA CPU materialized broadcast
+masks of the full scores and fused its reductions into slow dot fusions (measured in
+docs/performance.md, "attention backward"). Equal to `jax.nn.dot_product_attention` in value and
+gradient: tests/test_kernels.py, tests/test_attention.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The transformer's matmuls: float32 accumulation in the compute dtype, and the weight projections'
+"""XLA-CPU matmuls: float32 accumulation in the compute dtype, and the weight projections'
 hand-written backward with row-major operands (what XLA CPU's matmul kernels need to run fast).
 
 `matmul(x, w)` is the 2-D product with that backward, `project(x, w, n_in)` every weight
@@ -20,12 +20,8 @@ from jax.experimental.layout import Layout, with_layout_constraint
 
 
 def row_major(a: jax.Array) -> jax.Array:
-    """`a` laid out row-major in memory (16-bit arrays on CPU; otherwise unchanged).
-
-    A transpose feeding a dot is otherwise left as a layout change, and XLA CPU runs a 16-bit dot
-    with a column-major operand as a float32 dot (both operands converted, no bfloat16 kernel):
-    measured for the backward's dy @ w^T and x^T @ dy at 1024 x 576 x 1536, 224 / 242 GFLOP/s
-    against 833 / 1271 with the operand made row-major first. Float32 is left to XLA."""
+    """`a` laid out row-major in memory (16-bit arrays on CPU; otherwise unchanged): XLA CPU runs a
+    16-bit dot with a column-major operand as a float32 dot, without its bfloat16 kernels."""
     if jax.default_backend() != "cpu" or a.dtype.itemsize != 2:
         return a
     return with_layout_constraint(a, Layout(major_to_minor=tuple(range(a.ndim))))
@@ -37,10 +33,8 @@ def matmul(x_ni: jax.Array, w_io: jax.Array) -> jax.Array:
     backward: dx = dy w^T and dw = x^T dy from operands that are materialized first.
 
     Why: XLA CPU's matmul kernels take row-major operands, so the backward's transposed operands
-    are copied. Left to itself XLA fuses the producer of the copied activation (silu(gate) * up,
-    the incoming gradient's elementwise chain) into that copy, and the fused transposing loop ran
-    at ~15 ns an element: 4.9 s of a 32 s SmolLM2 update at 16 x 256. The barrier makes both a
-    plain copy of an array already in memory."""
+    are copied, and left to itself XLA fuses the producers of the copied arrays into a slow
+    transposing loop (docs/performance.md); the barrier makes each a plain copy."""
     return _product(x_ni, w_io)
 
 

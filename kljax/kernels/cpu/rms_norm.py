@@ -5,14 +5,9 @@ RoPE tables' materialization, `materialized`).
 
     dL/dw_d = sum_n g_nd xn_nd      (float32, over every row n: one (1 x N) @ (N x D) product)
 
-and dL/dx by autodiff of the rest. Why by hand: autodiff of the bfloat16 `w xn` sums g xn over
-the 4096 rows of a 16 x 256 batch in a bfloat16-typed reduce, which XLA CPU rewrites into a tree
-of reduce-windows (~4.6 ns an element, rounding to bfloat16 at every step): 531 ms of a 8.6 s
-SmolLM2-135M update. Only the product by w is custom: a hand-written backward for all of RMSNorm
-made XLA hand its dx to YNNPACK with every operand materialized in float32, and was no faster.
-Only 16-bit x takes the custom product: the slow reduce was bfloat16-typed, and float32 keeps
-autodiff's (no gain measured there).
-`tests/test_rms_norm.py` checks values and gradients against autodiff of the plain formula.
+and dL/dx by autodiff of the rest. Why: autodiff's bfloat16-typed row sum becomes a slow tree of
+reduce-windows on XLA CPU (docs/performance.md). Only 16-bit x takes the custom product.
+`tests/test_rms_norm.py` and tests/test_kernels.py check it against the plain formula.
 """
 
 from __future__ import annotations
