@@ -19,7 +19,6 @@ and the tail = the last max(2, ceil(10% T)) steps, or all steps when T < 2): a r
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from collections import OrderedDict
@@ -92,7 +91,12 @@ def load_summary(sweep_dir: str | os.PathLike) -> dict[str, Any]:
     path = Path(sweep_dir) / "summary.json"
     if not path.exists():
         raise ValueError(f"{path} does not exist: run `kljax sweep --config ... --out {sweep_dir}` first")
-    return json.loads(path.read_text())
+    from kljax.errors import read_json
+
+    summary = read_json(path, "sweep summary")
+    if not isinstance(summary, dict):
+        raise ValueError(f"sweep summary {path} holds a {type(summary).__name__}, not a JSON object")
+    return summary
 
 
 def groups(runs: list[dict[str, Any]]) -> OrderedDict[str, list[dict[str, Any]]]:

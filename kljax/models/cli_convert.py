@@ -43,9 +43,12 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(workdir_hint(model_dir))
     if args.check:
         from kljax.models.convert import check_hf_dir, read_hf_config
-        from kljax.models.parity import DEFAULT_PROMPTS, compare_with_transformers, prompt_token_ids
+        from kljax.models.hf_tokenizer import load_hf_tokenizer
+        from kljax.models.parity import DEFAULT_PROMPTS, compare_with_transformers, has_tokenizer, prompt_token_ids
 
         check_hf_dir(model_dir)
+        if has_tokenizer(model_dir):
+            load_hf_tokenizer(model_dir)
         vocab = int(read_hf_config(model_dir)["vocab_size"])
         tokens = prompt_token_ids(model_dir, args.prompt or DEFAULT_PROMPTS, vocab_size=vocab)
         worst, per_prompt = compare_with_transformers(model_dir, tokens)

@@ -337,6 +337,9 @@ def load_hf_checkpoint(
     config = model_config_from_dir(model_dir, **overrides)
     files = open_checkpoint(model_dir)
     validate_checkpoint(files, config)
+    for rule, _ in _rules_for(config):  # every tensor finite before any is placed on a device
+        for key in _hf_keys(rule, config):
+            _finite(files[key], key)
     shardings = None
     if mesh is not None:
         shardings = sharding_lib.logical_to_sharding(logical_axes(config), param_shapes(config), mesh)
@@ -347,9 +350,9 @@ def load_hf_checkpoint(
         if rule.layered:
             host = np.empty((len(keys), *shape), dtype)
             for i, key in enumerate(keys):
-                host[i] = to_kljax(rule, _finite(files[key], key), shape)
+                host[i] = to_kljax(rule, files[key].get(key), shape)
         else:
-            host = np.asarray(to_kljax(rule, _finite(files[keys[0]], keys[0]), shape), dtype)
+            host = np.asarray(to_kljax(rule, files[keys[0]].get(keys[0]), shape), dtype)
         if shardings is None:
             flat[rule.path] = jax.device_put(host)
         else:

@@ -114,6 +114,9 @@ def _parse_value(text: str) -> Any:
 
 def apply_overrides(config: ml_collections.ConfigDict, overrides: list[str]) -> ml_collections.ConfigDict:
     """Apply `--config.a.b=value` (or `config.a.b=value`) strings; unknown fields are an error."""
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ValueError(f"the config is a {type(config).__name__}, not a run config (a ConfigDict from "
+                         "get_config(); a sweep config goes to `kljax sweep`)")
     config = ml_collections.ConfigDict(config.to_dict())
     for item in overrides:
         key, sep, value = item.lstrip("-").partition("=")

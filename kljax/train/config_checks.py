@@ -127,6 +127,11 @@ def check_ranges(config: Any) -> None:
     for name in ("eval_every", "log_samples_every"):
         if name in config and not (isinstance(config[name], int) and config[name] >= 0):
             raise UserError(f"config.{name}={config[name]!r} must be an integer >= 0 (0: off)")
+    from kljax.models.config import DTYPES, REMAT_POLICIES
+
+    for name, valid in (("dtype", DTYPES), ("param_dtype", DTYPES), ("remat", REMAT_POLICIES)):
+        if name in config.model and config.model[name] not in valid:
+            raise UserError(f"config.model.{name}={config.model[name]!r} is not valid; choose one of {list(valid)}")
     for axis in ("data", "fsdp", "tensor"):
         size = config.mesh.get(axis, 1)
         if isinstance(size, bool) or not isinstance(size, int) or not (size >= 1 or size == -1):
