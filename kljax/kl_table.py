@@ -8,31 +8,37 @@ import dataclasses
 import json
 
 from kljax.advantages import METHODS, MIN_GROUP
+from kljax.audit import with_users
 from kljax.kl import KLConfig
 from kljax.rl.describe import RunObjective, describe_objective
 from kljax.rl.objective import AGGREGATIONS, DEFAULT_AGGREGATION
 from kljax.train.config import RLConfig
 
 _S = KLConfig
-# (preset, who uses it / why it is in the table)
-PRESETS: tuple[tuple[KLConfig, str], ...] = (
+# (preset, what it is); `kljax.audit.with_users` appends the peer trainers' settings that give it,
+# translated from the peer defaults table (kljax.audit.PEERS), so the labels cannot drift from it.
+_NOTES: tuple[tuple[KLConfig, str], ...] = (
     (_S(placement="none"), "no KL regularization (baseline)"),
     (_S("k1", "reward"), "the paper's recommended default"),
     (_S("k1", "reward", credit="reward_to_go"), "k1 in reward with reward-to-go credit: lower variance"),
-    (_S("k1", "loss"), "Tunix/MaxText default"),
+    (_S("k1", "loss"), "k1 in loss: zero expected gradient"),
     (_S("k2", "loss"), "k2 in loss, per token"),
     (_S("k2", "loss", scope="sequence"), "k2 of the summed log-ratio: equals k1-in-reward per sample, no baseline"),
     (_S("k3", "reward"), "the paper saw training collapse"),
-    (_S("k3", "loss"), "GRPO, verl low_var_kl, TRL, EasyDeL"),
+    (_S("k3", "loss"), "k3 (low_var_kl) in loss, as in the GRPO paper"),
     (_S("k1", "both"), "any value-unbiased estimator in both places"),
     (_S("k3", "both"), "the paper's fix for k3"),
     (_S("k2", "both"), "k2's value is biased"),
-    (_S("full", "both", credit="reward_to_go"), "Rao-Blackwellized full-vocabulary KL; no anchor system offers it"),
+    (_S("full", "both", credit="reward_to_go"), "Rao-Blackwellized full-vocabulary KL; no peer trainer offers it"),
     (_S("full", "loss"), "full-vocabulary KL in loss only"),
-    (_S("k3+", "loss"), "verl's straight-through k3+"),
-    (_S("k3", "loss", off_policy="token_ratio"), "off-policy: DeepSeek-V3.2 eq. 7, RPG, TRL use_bias_correction_kl"),
+    (_S("k3+", "loss"), "straight-through k3+ (k3 value, k2 gradient)"),
+    (_S("k3", "loss", off_policy="token_ratio"), "off-policy: DeepSeek-V3.2 eq. 7, RPG"),
     (_S("k1", "reward", off_policy="sequence_weight"), "off-policy: exact sequence importance weight"),
     (_S("k1", "reward", off_policy="sequence_weight", truncation=10.0), "off-policy: truncated sequence weight"),
+)
+# (preset, who uses it / why it is in the table)
+PRESETS: tuple[tuple[KLConfig, str], ...] = tuple(
+    (config, with_users(config, note, tuple(c for c, _ in _NOTES))) for config, note in _NOTES
 )
 
 

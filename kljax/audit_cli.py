@@ -1,0 +1,118 @@
+"""`kljax audit PEER [key=value ...] [--file FILE] [--json]`: another trainer's KL settings as the
+equivalent kljax configuration, with its expected gradient (`kljax.audit`, `kljax.rl.describe`).
+
+Settings come from FILE (JSON, or YAML; nested sections flatten to dotted keys, as verl's) and
+then from key=value arguments, which win. A value is parsed as JSON where it can be (true, 0.04,
+null), else kept as a string.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from kljax.audit import PEERS, overrides, settings_with_defaults, translate
+from kljax.errors import UserError, read_json
+from kljax.rl.describe import describe_objective
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("peer", metavar="PEER", help=f"the peer trainer: {', '.join(PEERS)}")
+    parser.add_argument("settings", nargs="*", metavar="key=value",
+                        help="a peer setting, before any option (JSON value where possible: true, 0.04, null; "
+                             "else a string)")
+    parser.add_argument("--file", default=None, help="settings as a JSON or YAML file (.json, .yaml, .yml)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+
+def parse_pairs(pairs: list[str]) -> dict[str, Any]:
+    """`["beta=0.04", "loss_type=grpo"]` -> {"beta": 0.04, "loss_type": "grpo"}; UserError without '='."""
+    out: dict[str, Any] = {}
+    for item in pairs:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"setting {item!r} must look like key=value")
+        try:
+            out[key] = json.loads(text)
+        except json.JSONDecodeError:
+            out[key] = text
+    return out
+
+
+def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def read_settings(path: str) -> dict[str, Any]:
+    """The settings in a .json/.yaml/.yml file, nested sections flattened to dotted keys."""
+    file = Path(path)
+    if not file.is_file():
+        raise UserError(f"settings file {file} does not exist")
+    if file.suffix == ".json":
+        data = read_json(file, "settings file")
+    elif file.suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError as e:  # pragma: no cover - PyYAML ships with transformers
+            raise UserError(f"settings file {file}: reading YAML needs PyYAML; use a .json file") from e
+        try:
+            data = yaml.safe_load(file.read_text())
+        except yaml.YAMLError as e:
+            raise UserError(f"settings file {file} is not valid YAML: {' '.join(str(e).split())}") from e
+    else:
+        raise UserError(f"settings file {file}: use .json, .yaml or .yml")
+    if not isinstance(data, dict):
+        raise UserError(f"settings file {file} must hold a mapping of setting names to values")
+    return _flatten(data)
+
+
+def audit(peer: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """Everything `kljax audit` prints, as one JSON-able dict."""
+    values = settings_with_defaults(peer, settings)
+    run, notes = translate(peer, settings)
+    info = describe_objective(run)
+    spec = PEERS[peer]
+    used = [{"name": f.name, "value": values[f.name], "default": f.default, "is_default": f.name not in settings,
+             "source": f.source, "confirmed": f.confirmed, "note": f.note} for f in spec.fields]
+    kljax = {"kl": dataclasses.asdict(run.kl), **{k: v for k, v in dataclasses.asdict(run).items() if k != "kl"}}
+    return {"peer": peer, "trainer": spec.trainer, "section": spec.section, "version": spec.version,
+            "settings": used, "kljax": kljax, "overrides": overrides(run), "name": info.name,
+            "verdict": info.verdict, "scale": info.scale, "gradient": info.gradient, "kl_gradient": info.kl.gradient,
+            "reasons": list(info.reasons), "notes": list(notes)}
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = read_settings(args.file) if args.file else {}
+    settings.update(parse_pairs(args.settings))
+    report = audit(args.peer, settings)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"{report['trainer']} {report['section']}, defaults read from {report['version']}")
+    print("settings used (* = peer default, ? = default not confirmed):")
+    for s in report["settings"]:
+        mark = ("*" if s["is_default"] else " ") + ("?" if s["is_default"] and not s["confirmed"] else " ")
+        print(f"  {mark} {s['name']} = {json.dumps(s['value'])}")
+    print("kljax equivalent:")
+    print("  kljax train --workdir runs/audit " + " ".join(report["overrides"]))
+    print(f"verdict: {report['verdict']} ({report['name']})")
+    print(f"expected gradient: {report['gradient']}")
+    print(f"KL part: {report['kl_gradient']}")
+    unconfirmed = [s for s in report["settings"] if s["is_default"] and not s["confirmed"]]
+    if report["notes"] or unconfirmed:
+        print("notes:")
+        for note in report["notes"]:
+            print(f"  - {note}")
+        for s in unconfirmed:
+            print(f"  - {s['name']}: default not confirmed: {s['note']}")
+    return 0
