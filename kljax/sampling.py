@@ -30,6 +30,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from functools import partial
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -89,7 +90,7 @@ class DecodeState:
     entropy_rn: jax.Array | None
     done_r: jax.Array
     positions_r: jax.Array
-    cache: step_lib.DecodeCache
+    cache: Any  # step_lib.DecodeCache (CPU kernels) or the model's KVCache (plain)
     key: jax.Array
 
 
@@ -173,7 +174,7 @@ def _generate_jit(
         key=key,
     )
 
-    def step_fn(state: DecodeState, logits_rv: jax.Array, cache: step_lib.DecodeCache) -> DecodeState:
+    def step_fn(state: DecodeState, logits_rv: jax.Array, cache: Any) -> DecodeState:
         tok_r, logp_r, entropy_r = sample_logits(logits_rv, jax.random.fold_in(state.key, state.step), sampling)
         entropy_rn = state.entropy_rn
         if entropy_rn is not None:
@@ -189,7 +190,7 @@ def _generate_jit(
             key=state.key,
         )
 
-    weights = step_lib.decode_weights(params, config, fuse=mesh is None and step_lib.FUSE_WEIGHTS)
+    weights = step_lib.step_weights(params, config, mesh)
     state = step_lib.decode_loop(
         weights, state, step_fn, prompt_len=p, config=config, max_new_tokens=big_n, mesh=mesh
     )

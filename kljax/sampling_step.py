@@ -1,8 +1,10 @@
-"""The sampler's model calls: prefill (the model's own forward) and a decode step tuned for one token.
+"""The sampler's model calls: prefill (the model's own forward) and the decode step.
 
 Prefill runs `kljax.models.transformer.forward_hidden` over the left-padded prompts with a cache of
-exactly P slots and keeps only the last position's logits. Decoding then switches to a layout made
-for one token per row and step, prepared once per `generate` call:
+exactly P slots and keeps only the last position's logits. With `model.kernels` plain (the TPU/GPU
+path), each decode step is that same forward for one token per row over the model's `KVCache`
+(`plain_decode_step`): one layer code for training and sampling. With the XLA-CPU kernels, decoding
+switches to a layout made for one token per row and step, prepared once per `generate` call:
 
 * Feature-major activations: the hidden state is x [D, R] (rows last), so every projection is
   W^T [out, in] @ x [in, R]. With R (tens of rows) as the narrow operand XLA CPU's dot kernels ran
@@ -24,7 +26,8 @@ for one token per row and step, prepared once per `generate` call:
   projection runs row-major (a transposed 16-bit operand falls back to a float32 dot).
 
 The maths is `kljax.models.transformer._layer` for T = 1 (same norms, RoPE, float32 softmax and
-logits); `tests/test_sampling*.py` check sampler log-probs against teacher-forced ones.
+logits); `tests/test_sampling*.py` check sampler log-probs against teacher-forced ones, and
+tests/test_kernels.py the two decode paths against each other.
 """
 
 from __future__ import annotations
@@ -39,7 +42,14 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from kljax.models.config import ModelConfig
-from kljax.models.transformer import Params, forward_hidden, init_cache, logits_from_hidden, rope_inv_freq
+from kljax.models.transformer import (
+    KVCache,
+    Params,
+    forward_hidden,
+    init_cache,
+    logits_from_hidden,
+    rope_inv_freq,
+)
 
 _NEG = -1e30  # as in the model: fully masked rows stay finite
 MIN_SEGMENT_STEPS = 32  # a segment shorter than this is not worth its extra compiled loop body
@@ -75,7 +85,10 @@ def constrain_batch(x: jax.Array, mesh: Mesh | None, axis: int = 0) -> jax.Array
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*spec)))
 
 
-def constrain_cache(cache: DecodeCache, mesh: Mesh | None) -> DecodeCache:
+def constrain_cache(cache: DecodeCache | KVCache, mesh: Mesh | None) -> DecodeCache | KVCache:
+    if isinstance(cache, KVCache):  # [L, R, W, Kv, Dh]: rows on axis 1
+        return KVCache(constrain_batch(cache.k, mesh, 1), constrain_batch(cache.v, mesh, 1),
+                       constrain_batch(cache.mask, mesh))
     return jax.tree.map(lambda a: constrain_batch(a, mesh), cache)
 
 
@@ -96,25 +109,37 @@ def prefill(
     *,
     config: ModelConfig,
 ) -> tuple[jax.Array, DecodeCache]:
-    """Run the left-padded prompts [B, P]: float32 logits [B, V] of the last slot and a DecodeCache
-    of width P."""
+    """Run the left-padded prompts [B, P]: float32 logits [B, V] of the last slot and a cache of
+    width P: a `DecodeCache` for the CPU decode layout, the model's `KVCache` under plain kernels."""
     b, p = tokens_bp.shape
     cache = init_cache(config, b, p)
     hidden_bpd, cache = forward_hidden(params, tokens_bp, mask_bp, positions_bp, config, cache, 0)
     logits_bv = logits_from_hidden(params, hidden_bpd[:, -1], config)
+    if not config.cpu_kernels:
+        return logits_bv, cache
     # model layout [L, B, P, Kv, Dh] -> per layer k [B, Kv, Dh, P], v [B, Kv, P, Dh]
     keys = tuple(jnp.transpose(cache.k[i], (0, 2, 3, 1)) for i in range(config.num_layers))
     values = tuple(jnp.transpose(cache.v[i], (0, 2, 1, 3)) for i in range(config.num_layers))
     return logits_bv, DecodeCache(keys, values, cache.mask)
 
 
-def repeat_rows(cache: DecodeCache, n: int) -> DecodeCache:
+def repeat_rows(cache: DecodeCache | KVCache, n: int) -> DecodeCache | KVCache:
     """Each row n times in a row (row r -> rows r*n ... r*n + n - 1)."""
-    return cache if n == 1 else jax.tree.map(lambda a: jnp.repeat(a, n, axis=0), cache)
+    if n == 1:
+        return cache
+    if isinstance(cache, KVCache):
+        return KVCache(jnp.repeat(cache.k, n, axis=1), jnp.repeat(cache.v, n, axis=1), jnp.repeat(cache.mask, n, 0))
+    return jax.tree.map(lambda a: jnp.repeat(a, n, axis=0), cache)
 
 
-def widen(cache: DecodeCache, width: int) -> DecodeCache:
+def widen(cache: DecodeCache | KVCache, width: int) -> DecodeCache | KVCache:
     """Pad the slot axis with empty slots up to `width`."""
+    if isinstance(cache, KVCache):
+        extra = width - cache.mask.shape[1]
+        if extra <= 0:
+            return cache
+        pad = lambda a: jnp.pad(a, ((0, 0), (0, 0), (0, extra), (0, 0), (0, 0)))
+        return KVCache(pad(cache.k), pad(cache.v), jnp.pad(cache.mask, ((0, 0), (0, extra))))
     extra = width - cache.width
     if extra <= 0:
         return cache
@@ -293,6 +318,25 @@ def decode_step(
     return jax.lax.optimization_barrier(logits_vr).T, DecodeCache(tuple(ks), tuple(vs), mask_rw)
 
 
+def plain_decode_step(
+    params: Params, tokens_r: jax.Array, positions_r: jax.Array, cache: KVCache, slot: jax.Array,
+    config: ModelConfig,
+) -> tuple[jax.Array, KVCache]:
+    """`decode_step` under plain kernels: the model's own forward for one token per row, written
+    into cache slot `slot`. Float32 logits [R, V] and the updated cache."""
+    r = tokens_r.shape[0]
+    hidden, cache = forward_hidden(params, tokens_r[:, None], jnp.ones((r, 1), bool), positions_r[:, None], config,
+                                   cache, slot)
+    return logits_from_hidden(params, hidden[:, 0], config), cache
+
+
+def step_weights(params: Params, config: ModelConfig, mesh: Mesh | None) -> Any:
+    """What the decode step reads: `decode_weights` for the CPU layout, the params themselves otherwise."""
+    if not config.cpu_kernels:
+        return params
+    return decode_weights(params, config, fuse=mesh is None and FUSE_WEIGHTS)
+
+
 # ---------------------------------------------------------------------------------------- loop
 
 
@@ -325,8 +369,9 @@ def decode_loop(
     num_segments: int | None = None,
 ) -> Any:
     """Run the decode `lax.while_loop`s over `state` (a dataclass with `step`, `tokens_rn`,
-    `positions_r`, `done_r` and `cache: DecodeCache`); `step_fn(state, logits_rv, cache)` samples
-    and returns the next state. Stops when every row is done or N tokens are sampled."""
+    `positions_r`, `done_r` and `cache`, from `prefill`); `step_fn(state, logits_rv, cache)` samples
+    and returns the next state. Stops when every row is done or N tokens are sampled. `weights`:
+    `step_weights`."""
     for _, end, width in segment_plan(prompt_len, max_new_tokens, num_segments):
         state = dataclasses.replace(state, cache=constrain_cache(widen(state.cache, width), mesh))
 
@@ -335,9 +380,9 @@ def decode_loop(
 
         def body(state):
             last_r = jax.lax.dynamic_index_in_dim(state.tokens_rn, state.step - 1, 1, keepdims=False)
-            logits_rv, cache = decode_step(
-                weights, last_r, state.positions_r, state.cache, prompt_len + state.step - 1, config
-            )
+            step = decode_step if config.cpu_kernels else plain_decode_step
+            logits_rv, cache = step(weights, last_r, state.positions_r, state.cache, prompt_len + state.step - 1,
+                                    config)
             return step_fn(state, constrain_batch(logits_rv, mesh), constrain_cache(cache, mesh))
 
         state = jax.lax.while_loop(cond, body, state)

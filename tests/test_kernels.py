@@ -107,3 +107,26 @@ def test_remat_policies_save_what_they_say():
         assert counts[k, "full"] == 0, counts
         assert counts[k, "dots_no_batch_saveable"] == 6 * n, counts
         assert counts[k, "dots_saveable"] == 8 * n, counts
+
+
+@pytest.mark.parametrize("mesh_shape", [None, (2, 2, 2)], ids=["one-device", "sharded"])
+def test_plain_decode_path_equals_cpu_decode_layout(mesh_shape):
+    """Under plain kernels the sampler decodes with the model's own forward over its KVCache; the
+    tokens (greedy), sampler log-probs and entropies equal the CPU decode layout's, and the
+    log-probs equal teacher-forced ones."""
+    from kljax import sampling
+    from kljax import sharding as shd
+
+    mesh = None if mesh_shape is None else shd.make_mesh(*mesh_shape)
+    params = tfm.init_params(BASE, jax.random.PRNGKey(3), std=0.5)
+    tokens = np.asarray(jax.random.randint(jax.random.PRNGKey(4), (4, 5), 1, 32))
+    mask = np.ones((4, 5), bool)
+    mask[0, :2] = False
+    sp = sampling.SamplingParams(max_new_tokens=6, greedy=True, n=2, entropy=True)
+    outs = {c.kernels: sampling.generate(params, c, tokens, mask, jax.random.PRNGKey(0), sp, mesh=mesh)
+            for c in (PLAIN, CPU)}
+    np.testing.assert_array_equal(outs["plain"].response_tokens_rn, outs["cpu"].response_tokens_rn)
+    for field in ("response_logprobs_rn", "response_entropy_rn"):
+        _close(getattr(outs["plain"], field), getattr(outs["cpu"], field), 1e-5)
+    tf = sampling.response_logprobs(params, outs["plain"], config=PLAIN)
+    _close(tf, outs["plain"].response_logprobs_rn, 1e-5)
