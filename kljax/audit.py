@@ -341,11 +341,12 @@ def _openrlhf(v: dict[str, Any], notes: list[str]) -> RunObjective:
         notes.append("use_kl_loss: the KL is taken out of the reward and put in the loss (OpenRLHF recommends "
                      "k2 or k3 there); not confirmed in OpenRLHF's experience maker")
     else:
-        credit = "reward_to_go" if adv_name == "gae" else "sequence"
-        kl = KLConfig(est, "reward", credit, beta=beta, target_kl=target, adapt_horizon=float(v["kl_horizon"]))
+        kl = KLConfig(est, "reward", "reward_to_go", beta=beta, target_kl=target,
+                      adapt_horizon=float(v["kl_horizon"]))
         if adv_name != "gae":
-            notes.append("the credit of the per-token KL penalty under non-GAE estimators is not confirmed; "
-                         "sequence and reward-to-go credit have the same expected gradient")
+            notes.append("the per-token KL penalty is credited reward-to-go (discounted returns, gamma 1) as in "
+                         "stored copies of OpenRLHF's experience maker, not confirmed at the commit read; "
+                         "sequence credit has the same expected gradient")
     advantage = {"gae": "rloo", "reinforce": "rloo", "rloo": "rloo", "reinforce_baseline": "grpo",
                  "group_norm": "grpo", "dr_grpo": "dr_grpo"}[adv_name]
     if adv_name == "group_norm" and v["no_advantage_std_norm"]:
