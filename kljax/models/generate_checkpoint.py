@@ -41,7 +41,7 @@ def prompt_texts_for(config: ml_collections.ConfigDict, tokenizer: Any, prompts:
 def run_checkpoint(args: argparse.Namespace) -> int:
     """Print the greedy completion of each --prompt by WORKDIR's checkpoint (--step, default latest)."""
     from kljax import evaluate as ev
-    from kljax.models.greedy import greedy_generate
+    from kljax.sampling import greedy_continuations
 
     params, policy, config, step = ev.restore_params(args.checkpoint, args.step)
     texts = prompt_texts_for(config, policy.tokenizer, list(args.prompt))
@@ -53,7 +53,7 @@ def run_checkpoint(args: argparse.Namespace) -> int:
                              f"have 1 to {policy.model.max_position_embeddings - args.max_new_tokens} with "
                              f"--max-new-tokens={args.max_new_tokens}")
         ids.append(toks)
-    outputs = greedy_generate(params, policy.model, ids, args.max_new_tokens, list(policy.stop_token_ids),
+    outputs = greedy_continuations(params, policy.model, ids, args.max_new_tokens, list(policy.stop_token_ids),
                               policy.pad_id)
     for i, out in enumerate(outputs):
         if len(outputs) > 1:

@@ -13,8 +13,8 @@ import jax
 import numpy as np
 
 from kljax.models.convert import load_hf_checkpoint
-from kljax.models.greedy import left_pad
 from kljax.models.transformer import apply, positions_from_mask
+from kljax.sampling import left_pad
 
 DEFAULT_PROMPTS = (
     "What is 7 times 8?",
