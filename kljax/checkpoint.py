@@ -65,7 +65,7 @@ class RunCheckpointer:
             why = damage(self.step_dir(step))
             if why is None:
                 try:
-                    state, meta = self.restore(step, like_state, shardings)
+                    state, meta = self.restore(step, like_state, shardings, verify=False)
                     if damaged:
                         self._set_aside([s for s, _ in damaged])
                     return step, state, meta, damaged
@@ -89,8 +89,20 @@ class RunCheckpointer:
                 os.replace(self.step_dir(step), target)
         self._manager.reload()
 
-    def restore(self, step: int, like_state: Any, shardings: Any) -> tuple[Any, dict[str, Any]]:
-        """(state, meta) of checkpoint `step`, arrays placed on `shardings` (same structure as like_state)."""
+    def restore(self, step: int, like_state: Any, shardings: Any, *, verify: bool = True,
+                ) -> tuple[Any, dict[str, Any]]:
+        """(state, meta) of checkpoint `step`, arrays placed on `shardings` (same structure as like_state).
+        With `verify`, a step whose files do not match its checksums.json, or that orbax cannot
+        restore, is a UserError naming it."""
+        if verify:
+            why = damage(self.step_dir(step))
+            if why is not None:
+                raise UserError(f"checkpoint at step {step} in {self.directory} is damaged: {why}")
+            try:
+                return self.restore(step, like_state, shardings, verify=False)
+            except Exception as e:  # orbax/tensorstore raise many types for damaged or mismatched files
+                raise UserError(f"checkpoint at step {step} in {self.directory} cannot be restored: "
+                                f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
         args = ocp.args.Composite(
             state=ocp.args.StandardRestore(_abstract(like_state, shardings)), meta=ocp.args.JsonRestore()
         )

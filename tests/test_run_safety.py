@@ -14,10 +14,12 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from kljax.checkpoint_integrity import damage
+from kljax.cli import main as cli_main
 from kljax.errors import UserError
 from kljax.metrics import read_jsonl
 from kljax.train.config import apply_overrides, load_config
-from kljax.train.trainer import NonFiniteError, train
+from kljax.train.trainer import train
 from kljax.train.workdir_lock import LOCK_NAME, WorkdirLock
 
 MESH = {"mesh.data": 1, "mesh.fsdp": 4, "mesh.tensor": 2}
@@ -93,7 +95,7 @@ def test_resume_with_a_run_changing_field_is_refused(run3, field, value):
     assert time.perf_counter() - t0 < 5  # refused before the model is built
 
 
-def test_flipped_bit_and_truncated_file_fall_back_to_an_intact_checkpoint(tmp_path):
+def test_flipped_bit_and_truncated_file_fall_back_to_an_intact_checkpoint(tmp_path, capsys):
     workdir = tmp_path / "run"
     train(tiny(steps=3), workdir, progress=False)
     ckpts = workdir / "checkpoints"
@@ -103,6 +105,8 @@ def test_flipped_bit_and_truncated_file_fall_back_to_an_intact_checkpoint(tmp_pa
     flipped.write_bytes(bytes(data))
     truncated = state_files(ckpts / "2")[0]
     truncated.write_bytes(truncated.read_bytes()[: truncated.stat().st_size // 2])
+    assert damage(ckpts / "3") == f"file {flipped.relative_to(ckpts / '3')} does not match its sha256 (changed on disk)"
+    assert "truncated" in damage(ckpts / "2") and damage(ckpts / "1") is None
     with pytest.raises(UserError, match="step 3 .* damaged .*does not match its sha256.*--resume=strict"):
         train(tiny(steps=4), workdir, resume="strict", progress=False)
     summary = train(tiny(steps=4), workdir, resume=True, progress=False)
@@ -110,12 +114,19 @@ def test_flipped_bit_and_truncated_file_fall_back_to_an_intact_checkpoint(tmp_pa
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints.damaged").iterdir()) == ["2", "3"]
     assert [r["step"] for r in read_jsonl(workdir / "metrics.jsonl")] == [1, 2, 3, 4]  # resumed after step 1
     assert json.loads((workdir / "config.json").read_text())["steps"] == 4  # the safe change is recorded
+    state_files(ckpts / "4")[0].write_bytes(b"")
+    assert cli_main(["eval", "--checkpoint", str(workdir), "--no-progress"]) == 2  # eval verifies too
+    assert "checkpoint at step 4" in capsys.readouterr().err
 
 
-def test_poisoning_learning_rate_leaves_no_non_finite_checkpoint(tmp_path):
+def test_poisoning_learning_rate_leaves_no_non_finite_checkpoint(tmp_path, capsys):
     # 1e39 overflows float32: every update would make the parameters inf or NaN.
-    with pytest.raises(NonFiniteError, match="3 steps in a row"):
-        train(tiny(steps=3, **{"optim.learning_rate": 1e39}), tmp_path, progress=False)
+    overrides = {**MESH, "eval_examples": 8, "checkpoint_every": 1, "steps": 3, "optim.learning_rate": 1e39}
+    code = cli_main(["train", "--config", "configs/tiny.py", "--workdir", str(tmp_path), "--no-progress",
+                     *[f"--config.{k}={v}" for k, v in overrides.items()]])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert "kljax train: error: 3 steps in a row (up to step 3) had a non-finite loss, gradient or update" in err
     steps = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
     assert steps == [1, 2, 3]
     for step in steps:

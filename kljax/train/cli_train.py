@@ -36,7 +36,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from kljax import distributed
     from kljax.train.config import apply_overrides, load_config
-    from kljax.train.trainer import train
+    from kljax.train.trainer import NonFiniteError, train
 
     try:
         config = apply_overrides(load_config(args.config), getattr(args, "overrides", []))
@@ -47,8 +47,15 @@ def run(args: argparse.Namespace) -> int:
         summary = train(config, args.workdir, resume=args.resume, progress=not args.no_progress,
                         stop_after=args.stop_after)
     except ValueError as e:
+        if getattr(args, "debug", False):
+            raise
         print(f"kljax train: error: {e}", file=sys.stderr)
         return 2
+    except NonFiniteError as e:  # the run failed (exit 1), not its input
+        if getattr(args, "debug", False):
+            raise
+        print(f"kljax train: error: {e}", file=sys.stderr)
+        return 1
     if not distributed.is_main_process():
         return 0
     if "stopped_at" in summary:
