@@ -54,9 +54,9 @@ def check_resume(old: dict[str, Any], new: dict[str, Any], workdir: object) -> l
     return [k for k in changed if _safe(k)]
 
 
-def check_resume_workdir(workdir: str | os.PathLike, new: dict[str, Any]) -> list[str]:
-    """`check_resume` against WORKDIR/config.json (nothing to check when it is absent), then record
-    the new config there, printing the safe fields that changed. Returns those fields."""
+def check_resume_workdir(workdir: str | os.PathLike, new: dict[str, Any], record: bool = True) -> list[str]:
+    """`check_resume` against WORKDIR/config.json (nothing to check when it is absent); with
+    `record`, write the new config there and print the safe fields that changed. Returns them."""
     path = Path(workdir) / "config.json"
     if not path.is_file():
         return []
@@ -64,7 +64,7 @@ def check_resume_workdir(workdir: str | os.PathLike, new: dict[str, Any]) -> lis
     if not isinstance(old, dict):
         raise UserError(f"run config {path} holds a {type(old).__name__}, not a JSON object")
     changed = check_resume(old, new, workdir)
-    if changed:
+    if changed and record:
         flat_old, flat_new = _flat(old), _flat(json.loads(json.dumps(new, default=str)))
         shown = ", ".join(f"{k}: {flat_old[k]!r} -> {flat_new[k]!r}" for k in changed)
         print(f"kljax train: resuming with {shown} (recorded in {path})", file=sys.stderr, flush=True)
