@@ -289,7 +289,8 @@ def make_plan(config: ml_collections.ConfigDict, mesh_shape: tuple[int, int, int
     if "train" in programs:
         step_settings = StepSettings(model, settings.kl, rl.loss_aggregation, rl.clip_low, rl.clip_high,
                                      rl.micro_batches, kl_metrics=policy_scored_in_update(rl, settings.kl, model))
-        step = jax.jit(functools.partial(train_step, settings=step_settings, tx=settings.optim),
+        step_tx = settings.optim if model.cpu_kernels else tx  # as the trainer (`trainer.build`)
+        step = jax.jit(functools.partial(train_step, settings=step_settings, tx=step_tx),
                        in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, None), donate_argnums=0)
         with jax.set_mesh(mesh):  # the context mesh turns on the model's activation sharding constraints
             lowered = step.lower(state, batch)

@@ -164,7 +164,10 @@ def build(settings: RunSettings) -> tuple[Run, st.TrainState, Any]:
         policy.model, settings.kl, rl.loss_aggregation, rl.clip_low, rl.clip_high, rl.micro_batches,
         kl_metrics=in_update,
     )
-    step_fn = under_mesh(jax.jit(functools.partial(train_step, settings=step_settings, tx=settings.optim),
+    # The XLA-CPU kernels update layer by layer in place (`optimizer_step.update_in_place`); plain
+    # kernels apply the optax chain itself: the same numbers and the same optimizer state.
+    step_tx = settings.optim if policy.model.cpu_kernels else tx
+    step_fn = under_mesh(jax.jit(functools.partial(train_step, settings=step_settings, tx=step_tx),
                                  out_shardings=(state_sh, None), donate_argnums=0), mesh)
     full = settings.kl.estimator == "full"
     rescore = not sampler_is_policy(rl, settings.kl, policy.model) and not in_update
@@ -280,8 +283,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str | Path, resume: str |
     if resume and latest is None and resume != "auto":
         raise UserError(f"--resume: {workdir} holds no checkpoint to resume from; pass --resume=auto to start a "
                         "new run when there is none")
-    if resume and latest is not None and main:
-        check_resume_workdir(workdir, settings.raw.to_dict())  # before anything compiles
+    if resume and latest is not None:  # every process checks (all must refuse), process 0 records
+        check_resume_workdir(workdir, settings.raw.to_dict(), record=main)  # before anything compiles
     run, state, ref_params = build(settings)
     rl, kl = settings.rl, settings.kl
     snapshots: collections.deque = collections.deque(
