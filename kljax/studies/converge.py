@@ -65,9 +65,9 @@ def make_iteration(task: ToyTask, kl: KLConfig, run: RunSettings):
     policy, g = task.policy, run.group_size
     prompts_p1 = np.arange(task.num_prompts, dtype=np.int32)[:, None]
     prompt_b = jnp.repeat(jnp.arange(task.num_prompts, dtype=jnp.int32), g)
-    codes_n = response_codes(jnp.asarray(task.responses_nr), jnp.asarray(task.mask_nr), policy.vocab)
+    codes_n = response_codes(jnp.asarray(task.responses_nr), jnp.asarray(task.mask_nr), task.vocab)
     rewards_pn = jnp.asarray(task.rewards_pn, jnp.float32)
-    sampling = SamplingParams(max_new_tokens=policy.response_len, stop_token_ids=(task.stop_token,), n=g)
+    sampling = SamplingParams(max_new_tokens=task.response_len, stop_token_ids=(task.stop_token,), n=g)
     settings = StepSettings(model=policy, kl=kl)
     tx = make_optimizer(run.optim())
     full = kl.estimator == "full" and kl.placement != "none"
@@ -79,7 +79,7 @@ def make_iteration(task: ToyTask, kl: KLConfig, run: RunSettings):
         key, beta = inputs
         sampler = jax.tree.map(lambda q: q[0], queue) if run.async_level else state.params
         res = policy.sample(sampler, prompts_p1, None, key, sampling)
-        codes_b = response_codes(res.response_tokens_rn, res.response_mask_rn, policy.vocab)
+        codes_b = response_codes(res.response_tokens_rn, res.response_mask_rn, task.vocab)
         index_b = jnp.argmax(codes_b[:, None] == codes_n[None, :], axis=1)
         mask_br = res.response_mask_rn.astype(jnp.float32)
         partial = Batch(res.sequence_tokens_rs, res.sequence_mask_rs, positions_from_mask(res.sequence_mask_rs),

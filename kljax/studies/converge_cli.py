@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -31,7 +32,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=int, default=None, help="seeds per configuration (default 5, quick 2)")
     parser.add_argument("--async-levels", default=None, help="comma-separated sampler staleness (default 0,4,10)")
     parser.add_argument("--steps", type=int, default=None, help="training iterations per run (default 300)")
+    parser.add_argument("--policy", default=None, choices=("tabular", "transformer"),
+                        help="the tabular policy (default) or a tiny random transformer over the same tokens")
+    parser.add_argument("--learning-rate", type=float, default=None, help="AdamW's peak learning rate (default 0.1)")
+    parser.add_argument("--fixed-point-iters", type=int, default=None,
+                        help="expected-gradient ascent steps for each fixed point (default 4000; 0: skip)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _num(x: float | None) -> str:
+    return "      nan" if x is None else f"{x:9.4f}"
 
 
 def _list(text: str, kind: type, flag: str) -> tuple:
@@ -53,12 +63,33 @@ def build_config(args: argparse.Namespace):
         changes["betas"] = _list(args.betas, float, "betas")
     if args.async_levels:
         changes["async_levels"] = _list(args.async_levels, int, "async-levels")
+    if args.policy:
+        changes["policy"] = args.policy
+    if args.learning_rate is not None:
+        if not args.learning_rate > 0:
+            raise UserError(f"--learning-rate={args.learning_rate} must be > 0")
+        changes["learning_rate"] = args.learning_rate
+    if args.fixed_point_iters is not None:
+        if args.fixed_point_iters < 0:
+            raise UserError(f"--fixed-point-iters={args.fixed_point_iters} must be >= 0")
+        changes["fixed_point_iters"] = args.fixed_point_iters
     for name in ("seeds", "steps"):
         if getattr(args, name) is not None:
             if getattr(args, name) < 1:
                 raise UserError(f"--{name}={getattr(args, name)} must be >= 1")
             changes[name] = getattr(args, name)
     return dataclasses.replace(cfg, **changes)
+
+
+def _finite(value):
+    """NaN and infinities as JSON null (the project's JSON never holds NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,21 +105,21 @@ def run(args: argparse.Namespace) -> int:
     total = len(cfg.presets) * len(cfg.async_levels)
     with tqdm(total=total, desc="converge-study", unit="config", disable=args.no_progress, file=sys.stderr) as bar:
         result = run_study(cfg, progress=lambda label: (bar.set_postfix_str(label), bar.update(1)))
-    rows = result["rows"]
+    rows = _finite(result["rows"])
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "study.json").write_text(json.dumps({"meta": result["meta"], "rows": rows}, indent=1) + "\n")
-        curves = {name: {k: v.tolist() for k, v in c.items()} for name, c in result["curves"].items()}
+        (out / "study.json").write_text(json.dumps(_finite({"meta": result["meta"], "rows": rows}), indent=1) + "\n")
+        curves = _finite({name: {k: v.tolist() for k, v in c.items()} for name, c in result["curves"].items()})
         (out / "curves.json").write_text(json.dumps(curves) + "\n")
     width = max(len(r["name"]) for r in rows)
     print(f"{'configuration':<{width}}  verdict   initial gap   final gap (mean +- std)   ended at")
     for r in rows:
         flag = f"  UNSTABLE ({r['unstable_reason']})" if r["unstable"] else ""
         print(f"{r['name']:<{width}}  {r['verdict']:<8}  {r['initial_gap']:11.4f}   "
-              f"{r['final_gap_mean']:9.4f} +- {r['final_gap_std']:.4f}       {r['converged_to']}{flag}")
+              f"{_num(r['final_gap_mean'])} +- {_num(r['final_gap_std'])}       {r['converged_to']}{flag}")
     print(f"runtime {result['meta']['runtime_s']:.0f} s")
     return 0

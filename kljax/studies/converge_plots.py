@@ -53,32 +53,33 @@ def gap_curves(rows: Sequence[Mapping[str, Any]], curves: Mapping[str, Mapping[s
     return fig
 
 
-def off_policy_panel(rows: Sequence[Mapping[str, Any]], beta: float | None = None) -> Figure:
-    """Final gap relative to the initial gap per preset (x) and sampler staleness (bars), at one
-    beta (default: the median studied); hatched bars are rows unstable by the study's rule."""
+def off_policy_panel(rows: Sequence[Mapping[str, Any]]) -> Figure:
+    """One panel per beta: the final gap relative to the initial gap per preset (x) and sampler
+    staleness (bars); hatched bars are rows unstable by the study's rule, NaN drawn at 1e3."""
     betas = sorted({r["beta"] for r in rows})
-    beta = betas[len(betas) // 2] if beta is None else beta
     presets = _presets(rows)
     levels = sorted({r["async_level"] for r in rows})
-    fig = Figure(figsize=(max(6.0, 0.55 * len(presets) * len(levels)), 4.2), layout="constrained")
-    ax = fig.subplots()
+    fig = Figure(figsize=(min(14.0, max(6.0, 0.3 * len(presets) * len(levels))), 2.6 * len(betas) + 1.0),
+                 layout="constrained")
+    axes = fig.subplots(len(betas), 1, squeeze=False, sharex=True)[:, 0]
     width = 0.8 / len(levels)
-    for j, level in enumerate(levels):
-        for i, preset in enumerate(presets):
-            row = next((r for r in rows if r["preset"] == preset and r["async_level"] == level
-                        and r["beta"] == beta), None)
-            if row is None:
-                continue
-            final = row["final_gap_mean"]
-            value = max(final / row["initial_gap"], FLOOR) if np.isfinite(final) else 1e3
-            ax.bar(i + (j - (len(levels) - 1) / 2) * width, value, width, color=f"C{j}",
-                   hatch="//" if row["unstable"] else None, edgecolor="k", lw=0.3,
-                   label=f"async_level {level}" if i == 0 else None)
-    ax.axhline(1.0, color="k", lw=0.8, ls="--")
-    ax.set_yscale("log")
-    ax.set_xticks(range(len(presets)), presets, rotation=60, ha="right", fontsize=8)
-    ax.set_ylabel("final gap / initial gap")
-    ax.set_title(f"Stale samplers at beta {beta:g}: final gap relative to the start (hatched: unstable)")
-    ax.legend(fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
+    for ax, beta in zip(axes, betas, strict=True):
+        for j, level in enumerate(levels):
+            for i, preset in enumerate(presets):
+                row = next((r for r in rows if r["preset"] == preset and r["async_level"] == level
+                            and r["beta"] == beta), None)
+                if row is None:
+                    continue
+                final = row["final_gap_mean"]
+                value = max(final / row["initial_gap"], FLOOR) if final is not None and np.isfinite(final) else 1e3
+                ax.bar(i + (j - (len(levels) - 1) / 2) * width, value, width, color=f"C{j}",
+                       hatch="//" if row["unstable"] else None, edgecolor="k", lw=0.3,
+                       label=f"async_level {level}" if i == 0 else None)
+        ax.axhline(1.0, color="k", lw=0.8, ls="--")
+        ax.set_yscale("log")
+        ax.set_ylabel(f"beta {beta:g}\nfinal / initial gap", fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+    axes[-1].set_xticks(range(len(presets)), presets, rotation=60, ha="right", fontsize=8)
+    axes[0].legend(fontsize=7, ncol=len(levels))
+    fig.suptitle("Stale samplers: final gap relative to the start (hatched: unstable)")
     return fig

@@ -5,6 +5,7 @@ figures of `converge_plots` (gap curves per staleness level, the off-policy pane
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ def is_converge_dir(directory: str | Path) -> bool:
 
 def _cell(r: Mapping[str, Any]) -> str:
     mark = {"pi*": "pi*", "fixed point": "fp", "boundary": "bnd", "diverged": "div", "not converged": "nc"}
+    if r["final_gap_mean"] is None:
+        return f"**nan {mark.get(r['converged_to'], '?')}**"
     text = f"{r['final_gap_mean']:.4f} ± {r['final_gap_std']:.4f} {mark.get(r['converged_to'], '?')}"
     return f"**{text}**" if r["unstable"] else text
 
@@ -88,18 +91,23 @@ def render(meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
     out += ["", "Initial gap (pi_ref) per beta: " + ", ".join(
         f"{b:g}: {next(r['initial_gap'] for r in rows if r['beta'] == b):.4f}" for b in betas), "",
         "## Each configuration's fixed point (exact expected-gradient ascent, on-policy; staleness moves no fixed "
-        "point)", "", "gap of the fixed point, beta KL(pi_fp || pi*); 'boundary': no finite fixed point found.", "",
+        "point)", "", "gap of the fixed point, beta KL(pi_fp || pi*), and in % of the initial gap; pi*: below 1e-5 "
+        "of it; 'boundary': no finite fixed point found (the parameters still moved).", "",
         "| configuration | " + " | ".join(f"beta {b:g}" for b in betas) + " |", "|---|" + "---|" * len(betas)]
     for p in presets:
         cells = []
         for b in betas:
             r = by.get((p, levels[0], b))
+            gap = None if r is None else r["fixed_point_gap"]
             if r is None:
                 cells.append("")
-            elif r["fixed_point_gap"] <= 0.02 * r["initial_gap"]:
-                cells.append(f"pi* ({max(r['fixed_point_gap'], 0.0):.1e})")
+            elif gap is None or not math.isfinite(gap):
+                cells.append("none found (non-finite)")
+            elif gap <= 1e-5 * r["initial_gap"]:
+                cells.append(f"pi* ({max(gap, 0.0):.0e})")
             else:
-                cells.append(f"{r['fixed_point_gap']:.4f}" + (" boundary" if r["fixed_point_boundary"] else ""))
+                cells.append(f"{gap:.4f} ({100 * gap / r['initial_gap']:.2g}%)"
+                             + (" boundary" if r["fixed_point_boundary"] else ""))
         out.append(f"| {p} | " + " | ".join(cells) + " |")
     out += ["", "## Figures", ""]
     out += [f"![gap curves, async_level {a}](gap_curves_async{a}.png)" for a in levels]

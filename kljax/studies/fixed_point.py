@@ -20,13 +20,13 @@ import dataclasses
 from typing import Any
 
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from kljax.estimators import full_kl_from_logits
 from kljax.kl import KLConfig, kl_terms
-from kljax.studies.toy_tasks import ToyTask
+from kljax.studies.toy_tasks import ToyTask, enumerated_batch
 
 Array = jax.Array
 
@@ -44,23 +44,17 @@ class FixedPoint:
 
 def surrogate(task: ToyTask, kl: KLConfig, params: Any, beta: Array) -> Array:
     """S(theta) above (its gradient is the on-policy expected update times R)."""
-    policy, n = task.policy, task.responses_nr.shape[0]
-    p_count = task.num_prompts
-    prompt_b = jnp.repeat(jnp.arange(p_count, dtype=jnp.int32), n)
-    tokens_br = jnp.tile(jnp.asarray(task.responses_nr), (p_count, 1))
-    mask_br = jnp.tile(jnp.asarray(task.mask_nr, jnp.float32), (p_count, 1))
+    tokens, mask, positions, rmask = enumerated_batch(task.responses_nr, task.mask_nr, task.num_prompts)
+    mask_br = rmask.astype(jnp.float32)
     rewards_b = jnp.asarray(task.rewards_pn, jnp.float32).reshape(-1)
-
-    def logp_of(p: Any) -> tuple[Array, Array]:
-        logits = policy.response_logits(p, prompt_b, tokens_br)
-        lp = jnp.take_along_axis(jax.nn.log_softmax(logits, -1), tokens_br[..., None], -1)[..., 0]
-        return logits, jnp.where(mask_br > 0, lp, 0.0)
-
-    logits, logp = logp_of(params)
-    ref_logits, ref_logp = logp_of(task.ref_params)
-    full = full_kl_from_logits(logits, jax.lax.stop_gradient(ref_logits)) if kl.estimator == "full" else None
+    r, full_kl = task.response_len, kl.estimator == "full"
+    out = task.policy.teacher_forced(params, tokens, mask, positions, r, full_kl=full_kl,
+                                     ref_params=jax.lax.stop_gradient(task.ref_params) if full_kl else None)
+    logp = jnp.where(mask_br > 0, out["logp"], 0.0)
+    ref_logp = task.policy.teacher_forced(task.ref_params, tokens, mask, positions, r)["logp"]
+    full = out.get("full_kl")
     terms = kl_terms(kl, logp, ref_logp, mask_br, None, full)
-    weight_b = jax.lax.stop_gradient(jnp.exp(jnp.sum(logp, axis=1))) / p_count
+    weight_b = jax.lax.stop_gradient(jnp.exp(jnp.sum(logp, axis=1))) / task.num_prompts
     advantage_bt = jax.lax.stop_gradient(rewards_b[:, None] - beta * terms.penalty_bt)
     per_seq = jnp.sum(logp * advantage_bt * mask_br, axis=1) - beta * terms.loss_b
     return jnp.sum(weight_b * per_seq)
@@ -86,10 +80,11 @@ def find_fixed_points(task: ToyTask, kl: KLConfig, betas: Array, iters: int = 40
         half, _ = jax.lax.scan(body, (start, tx.init(start)), None, length=iters // 2)
         full, _ = jax.lax.scan(body, half, None, length=iters - iters // 2)
         (end, _), _ = jax.lax.scan(body, full, None, length=refine)
-        move = jnp.max(jnp.abs(full[0]["logits"] - half[0]["logits"]))
+        move = jnp.max(jax.flatten_util.ravel_pytree(jax.tree.map(lambda a, b: jnp.abs(a - b), full[0], half[0]))[0])
         return end, move, optax.tree.norm(grad_fn(end, beta))
 
     params, move, gnorm = jax.jit(jax.vmap(one))(jnp.asarray(betas, jnp.float32))
     move, gnorm = np.asarray(move), np.asarray(gnorm)
-    finite = np.isfinite(move) & np.all(np.isfinite(np.asarray(params["logits"])).reshape(len(move), -1), axis=1)
+    leaves = [np.isfinite(np.asarray(x)).reshape(len(move), -1).all(axis=1) for x in jax.tree.leaves(params)]
+    finite = np.isfinite(move) & np.logical_and.reduce(leaves)
     return FixedPoint(params, ~finite | (move > move_tol), move, gnorm)

@@ -19,19 +19,23 @@ import numpy as np
 
 from kljax.kl import KLConfig, describe
 from kljax.kl_table import PRESETS
+from kljax.models.config import ModelConfig
 from kljax.rl.describe import RunObjective, describe_objective
 from kljax.studies.converge import RunSettings, train_runs
-from kljax.studies.fixed_point import find_fixed_points
+from kljax.studies.fixed_point import FixedPoint, find_fixed_points
 from kljax.studies.toy_tasks import SHAPES, ToyTask, exact_metrics, make_task, task_logps
 
 UNSTABLE_RULE = ("a row is unstable when any seed made a non-finite update, or its mean final gap exceeds the "
-                 "initial gap (training moved away from pi*), or the gap oscillates: over the last 20% of "
-                 "steps the seed-mean gap's max - min exceeds half of max(its mean, 2% of the initial gap)")
+                 "initial gap (training moved away from pi*), or the gap rises again: over the last 20% of "
+                 "steps the seed-mean gap climbs above its running minimum by more than half of max(the "
+                 "tail's mean, 2% of the initial gap)")
 CONVERGED_RULE = ("'pi*': mean final gap <= 2% of the initial gap; else 'fixed point' (or 'boundary' where the "
                   "expected-gradient ascent found no finite fixed point: logits growing without bound) when "
                   "beta KL(pi_final || pi_fp) averaged over seeds is below half the final gap and the fixed point "
                   "is not pi*; else 'diverged' when unstable, else 'not converged'")
 QUICK_PRESETS = ("none", "k1-reward", "k3-loss", "k1-loss")
+TRANSFORMER = ModelConfig(architecture="LlamaForCausalLM", vocab_size=3, hidden_size=32, intermediate_size=64,
+                          num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=16)
 
 
 def preset_configs() -> dict[str, KLConfig]:
@@ -52,12 +56,18 @@ class StudyConfig:
     vocab: int = 3
     response_len: int = 3
     task_seed: int = 0
+    policy: str = "tabular"
+    fixed_point_iters: int = 4000  # 0: no fixed points (their fields are NaN)
+
+    POLICIES = ("tabular", "transformer")
 
     def __post_init__(self) -> None:
         valid = preset_configs()
         bad = [p for p in self.presets if p not in valid]
         if bad or not self.presets:
             raise ValueError(f"presets {bad or 'none given'} not valid; choose from {sorted(valid)}")
+        if self.policy not in self.POLICIES:
+            raise ValueError(f"policy {self.policy!r} is not valid; choose one of {list(self.POLICIES)}")
         if any(not b > 0 for b in self.betas) or self.seeds < 1 or any(a < 0 for a in self.async_levels):
             raise ValueError(f"betas {self.betas} must be > 0, seeds {self.seeds} >= 1, "
                              f"async levels {self.async_levels} >= 0")
@@ -71,7 +81,16 @@ class StudyConfig:
         return cls(QUICK_PRESETS, seeds=2, async_levels=(0, 4), steps=200)
 
     def task(self) -> ToyTask:
-        return make_task(self.shapes, self.vocab, self.response_len, seed=self.task_seed)
+        """The toy task on the tabular policy, or on a 2-layer random transformer over the same
+        V tokens (TRANSFORMER, init std 0.3, so pi_ref is not near-uniform)."""
+        if self.policy == "tabular":
+            return make_task(self.shapes, self.vocab, self.response_len, seed=self.task_seed)
+        from kljax.models import transformer as tfm
+        from kljax.models.transformer_policy import TransformerPolicy
+
+        model = dataclasses.replace(TRANSFORMER, vocab_size=max(self.vocab, len(self.shapes)))
+        ref = tfm.init_params(model, jax.random.PRNGKey(self.task_seed), std=0.3)
+        return make_task(self.shapes, self.vocab, self.response_len, policy=TransformerPolicy(model), ref_params=ref)
 
 
 def unstable(gap_ts: np.ndarray, nonfinite_ts: np.ndarray) -> str:
@@ -82,8 +101,8 @@ def unstable(gap_ts: np.ndarray, nonfinite_ts: np.ndarray) -> str:
     if mean[-1] > mean[0]:
         return "moved away from pi*"
     tail = mean[-max(2, len(mean) // 5):]
-    if tail.max() - tail.min() > 0.5 * max(tail.mean(), 0.02 * mean[0]):
-        return "oscillates"
+    if np.max(tail - np.minimum.accumulate(tail)) > 0.5 * max(tail.mean(), 0.02 * mean[0]):
+        return "rises again"
     return ""
 
 
@@ -111,13 +130,16 @@ def run_study(cfg: StudyConfig, progress: Callable[[str], None] | None = None) -
     ref_logp = task_logps(task, task.ref_params)
     rows, curves, t0 = [], {}, time.perf_counter()
     fixed = {}
-    for name in cfg.presets:
-        fp = find_fixed_points(task, configs[name], betas)
+    for name in cfg.presets if cfg.fixed_point_iters else ():
+        fp = find_fixed_points(task, configs[name], betas, iters=cfg.fixed_point_iters)
         logps = [task_logps(task, jax.tree.map(lambda x, i=i: x[i], fp.params)) for i in range(len(betas))]
         fixed[name] = (fp, logps)
+    nan_logp = jax.numpy.full_like(ref_logp, float("nan"))
+    no_fp = (FixedPoint(None, np.zeros(len(betas), bool), np.full(len(betas), np.nan), np.full(len(betas), np.nan)),
+             [nan_logp] * len(betas))
     for name in cfg.presets:
         kl = configs[name]
-        fp, fp_logps = fixed[name]
+        fp, fp_logps = fixed.get(name, no_fp)
         for level in cfg.async_levels:
             run = RunSettings(steps=cfg.steps, group_size=cfg.group_size, learning_rate=cfg.learning_rate,
                               async_level=level)
@@ -126,7 +148,7 @@ def run_study(cfg: StudyConfig, progress: Callable[[str], None] | None = None) -
                                                    max_new_tokens=cfg.response_len))
             for i, beta in enumerate(cfg.betas):
                 gap, nonfinite = m["gap"][:, i], m["nonfinite"][:, i]
-                fp_gap = float(exact_metrics(fp_logps[i], ref_logp, task.rewards_pn, beta)["gap"])
+                fp_gap = float(exact_metrics(fp_logps[i], ref_logp, task.rewards_pn, beta)["gap"])  # NaN: none
                 dists = [_beta_kl(task_logps(task, jax.tree.map(lambda x, i=i, s=s: x[i, s], final_params)),
                                   fp_logps[i], beta) for s in range(cfg.seeds)]
                 why = unstable(gap, nonfinite)

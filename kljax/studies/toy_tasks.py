@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kljax.bias.through_trainer import response_logps
 from kljax.models.tabular import TabularPolicy, all_responses
+from kljax.models.transformer import positions_from_mask
 
 Array = jax.Array
 SHAPES = ("sparse", "long", "conflict")
@@ -27,10 +27,12 @@ SHAPES = ("sparse", "long", "conflict")
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class ToyTask:
-    """policy: TabularPolicy(V, R, P); ref_params: pi_ref's logits; shapes: one per prompt;
-    responses_nr / mask_nr: every response [N, R]; rewards_pn: R_p(y) [P, N] float."""
+    """policy: any policy model (`kljax.models.policy_api`) whose prompt p is the one token p and
+    whose responses are over tokens 0..V-1 (TabularPolicy(V, R, P), or a transformer with
+    vocab_size V >= P); ref_params: pi_ref; shapes: one per prompt; responses_nr / mask_nr: every
+    response [N, R]; rewards_pn: R_p(y) [P, N] float."""
 
-    policy: TabularPolicy
+    policy: Any
     ref_params: Any
     shapes: tuple[str, ...]
     responses_nr: np.ndarray
@@ -39,24 +41,36 @@ class ToyTask:
 
     @property
     def stop_token(self) -> int:
-        return self.policy.vocab - 1
+        return int(self.responses_nr.max())
 
     @property
     def num_prompts(self) -> int:
-        return self.policy.num_prompts
+        return len(self.shapes)
+
+    @property
+    def response_len(self) -> int:
+        return self.responses_nr.shape[1]
+
+    @property
+    def vocab(self) -> int:
+        return self.stop_token + 1
 
 
 def make_task(shapes: tuple[str, ...] = SHAPES, vocab: int = 3, response_len: int = 3, ref_scale: float = 1.0,
-              seed: int = 0, dtype: Any = jnp.float32) -> ToyTask:
-    """One prompt per shape; pi_ref's logits ~ ref_scale * N(0, 1) (PRNGKey(seed))."""
+              seed: int = 0, dtype: Any = jnp.float32, policy: Any = None, ref_params: Any = None) -> ToyTask:
+    """One prompt per shape. Default policy: TabularPolicy(vocab, response_len, len(shapes)) with
+    pi_ref's logits ~ ref_scale * N(0, 1) (PRNGKey(seed)); or the given policy and its ref_params."""
     bad = [s for s in shapes if s not in SHAPES]
     if bad or not shapes:
         raise ValueError(f"toy task shapes {list(shapes)!r}: {bad or 'none given'} not valid; "
                          f"choose from {list(SHAPES)}")
-    policy = TabularPolicy(vocab, response_len, len(shapes))
-    ref = policy.init_params(jax.random.PRNGKey(seed), scale=ref_scale, dtype=dtype)
+    if policy is None:
+        policy = TabularPolicy(vocab, response_len, len(shapes))
+        ref_params = policy.init_params(jax.random.PRNGKey(seed), scale=ref_scale, dtype=dtype)
+    elif ref_params is None:
+        raise ValueError("make_task: a given policy needs its ref_params")
     responses, mask = all_responses(vocab, response_len, vocab - 1)
-    ref_logp = np.asarray(sequence_logps(policy, ref, responses, mask), np.float64)
+    ref_logp = np.asarray(sequence_logps(policy, ref_params, responses, mask, len(shapes)), np.float64)
     lengths = mask.sum(1)
     rows = []
     for p, shape in enumerate(shapes):
@@ -70,17 +84,31 @@ def make_task(shapes: tuple[str, ...] = SHAPES, vocab: int = 3, response_len: in
             s = -ref_logp[p]
             r = (s - s.min()) / (s.max() - s.min())
         rows.append(r)
-    return ToyTask(policy, ref, tuple(shapes), responses, mask, np.asarray(rows))
+    return ToyTask(policy, ref_params, tuple(shapes), responses, mask, np.asarray(rows))
 
 
-def sequence_logps(policy: TabularPolicy, params: Any, responses_nr: np.ndarray, mask_nr: np.ndarray) -> Array:
-    """log pi(y | p) of every response for every prompt, [P, N]."""
-    return jnp.sum(response_logps(policy, params, responses_nr, mask_nr), axis=-1)
+def enumerated_batch(responses_nr: np.ndarray, mask_nr: np.ndarray, num_prompts: int) -> tuple[Array, ...]:
+    """Every (prompt, response) as teacher-forcing input, prompt-major: tokens, mask, positions
+    [P * N, 1 + R] and the response mask [P * N, R]."""
+    n = responses_nr.shape[0]
+    prompt = np.repeat(np.arange(num_prompts, dtype=np.int32), n)[:, None]
+    tokens = jnp.asarray(np.concatenate([prompt, np.tile(responses_nr, (num_prompts, 1))], axis=1))
+    rmask = np.tile(mask_nr, (num_prompts, 1))
+    mask = jnp.asarray(np.concatenate([np.ones_like(prompt, bool), rmask], axis=1))
+    return tokens, mask, positions_from_mask(mask), jnp.asarray(rmask)
+
+
+def sequence_logps(policy: Any, params: Any, responses_nr: np.ndarray, mask_nr: np.ndarray,
+                   num_prompts: int) -> Array:
+    """log pi(y | p) of every response for every prompt, [P, N], from the policy's teacher_forced."""
+    tokens, mask, positions, rmask = enumerated_batch(responses_nr, mask_nr, num_prompts)
+    logp = policy.teacher_forced(params, tokens, mask, positions, responses_nr.shape[1])["logp"]
+    return jnp.sum(jnp.where(rmask, logp, 0.0), axis=-1).reshape(num_prompts, -1)
 
 
 def task_logps(task: ToyTask, params: Any) -> Array:
     """log pi(y | p), [P, N], of the task's policy with `params`."""
-    return sequence_logps(task.policy, params, task.responses_nr, task.mask_nr)
+    return sequence_logps(task.policy, params, task.responses_nr, task.mask_nr, task.num_prompts)
 
 
 def optimal_logp(ref_logp_pn: Array, rewards_pn: Array, beta: float | Array) -> Array:
@@ -89,9 +117,9 @@ def optimal_logp(ref_logp_pn: Array, rewards_pn: Array, beta: float | Array) -> 
 
 
 def _kl(logp_pn: Array, logq_pn: Array) -> Array:
-    """KL(p || q) per prompt, [P]; terms with p = 0 are 0."""
+    """KL(p || q) per prompt, [P]; terms with p = 0 are 0 (a NaN anywhere stays NaN)."""
     p = jnp.exp(logp_pn)
-    return jnp.sum(jnp.where(p > 0, p * (logp_pn - logq_pn), 0.0), axis=-1)
+    return jnp.sum(jnp.where(p == 0, 0.0, p * (logp_pn - logq_pn)), axis=-1)
 
 
 def exact_metrics(logp_pn: Array, ref_logp_pn: Array, rewards_pn: Array, beta: float | Array) -> dict[str, Array]:
