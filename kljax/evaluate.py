@@ -26,7 +26,6 @@ checkpoint directory (e.g. one written by `kljax.models.convert.export_hf`, or b
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -183,7 +182,12 @@ def restore_params(workdir: str | Path, step: int | None = None, mesh: Any = Non
     config_path = workdir / "config.json"
     if not config_path.exists():
         raise ValueError(f"{workdir} has no config.json: is it a `kljax train` workdir?")
-    config = ml_collections.ConfigDict(json.loads(config_path.read_text()))
+    from kljax.errors import read_json
+
+    raw = read_json(config_path, "run config")
+    if not isinstance(raw, dict):
+        raise ValueError(f"run config {config_path} holds a {type(raw).__name__}, not a JSON object")
+    config = ml_collections.ConfigDict(raw)
     if overrides:
         from kljax.train.config import apply_overrides
 

@@ -103,6 +103,12 @@ OTHER_CASES = [
     ("plot-missing-dir", ["plot-run", "{root}/no_run"], "{root}/no_run"),
     ("plot-empty-dir", ["plot-run", "{empty_dir}"], "{empty_dir}"),
     ("plot-garbage-metrics", ["plot-run", "{garbage_run}"], "{garbage_run}/metrics.jsonl"),
+    ("export-missing-workdir", ["export", "{root}/no_run", "--out", "{root}/exported"], "{root}/no_run"),
+    ("export-garbage-config", ["export", "{garbage_run}", "--out", "{root}/exported"],
+     "{garbage_run}/config.json is not valid JSON"),
+    ("eval-checkpoint-garbage-config", ["eval", "--checkpoint", "{garbage_run}"], "{garbage_run}/config.json"),
+    ("audit-unknown-peer", ["audit", "{root}/nowhere"], "{root}/nowhere"),
+    ("kl-configs-bad-aggregation", ["kl-configs", "--aggregation", "bogus"], "'bogus'"),
     ("train-syntax-config", ["train", "--config", "{syntax_config}", "--workdir", "{root}/t"], "syntax error"),
     ("train-raising-config", ["train", "--config", "{raising_config}", "--workdir", "{root}/t"], "ZeroDivisionError"),
     ("train-no-get-config", ["train", "--config", "{no_get_config}", "--workdir", "{root}/t"], "get_config()"),
@@ -149,6 +155,7 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     p["garbage_sweep"] = root / "garbage_sweep"
     (root / "garbage_run").mkdir()
     (root / "garbage_run" / "metrics.jsonl").write_text("{not json\n")
+    (root / "garbage_run" / "config.json").write_text("{not json")
     p["garbage_run"] = root / "garbage_run"
     shutil.copy(ROOT / "configs" / "kljax_base.py", root / "kljax_base.py")
     (root / "string_section.py").write_text(
