@@ -28,7 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("kljax.sweep_cli", "run a grid of RL runs (KL configurations x beta x seeds), resumable"),
     "report": ("kljax.report_cli", "report.md with tables and figures of a sweep directory"),
     "bench": ("kljax.bench.cli", "benchmarks against the tools users would pick instead"),
-    "audit": ("kljax.audit_cli", "another trainer's KL settings as the equivalent kljax configuration and its gradient"),
+    "audit": ("kljax.audit_cli", "another trainer's KL settings as the equal kljax configuration and its gradient"),
 }
 
 

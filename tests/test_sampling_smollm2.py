@@ -7,8 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from kljax.sampling import left_pad  # noqa: E402
-from kljax.sampling import SamplingParams, generate, response_logprobs  # noqa: E402
+from kljax.sampling import SamplingParams, generate, left_pad, response_logprobs  # noqa: E402
 
 PROMPTS = (
     "What is 7 times 8?",
