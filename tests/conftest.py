@@ -12,3 +12,26 @@ from kljax.cpu_threads import ensure_collective_threads  # noqa: E402  (imports 
 # Enough XLA client threads that 8 devices' collectives cannot starve (inherited by the kljax
 # subprocesses of the tests): see kljax.cpu_threads.
 ensure_collective_threads()
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def cli_user_error(capsys):
+    """`cli_user_error(argv, message)`: `kljax ARGV` exits 2 with one stderr line
+    `kljax COMMAND: error: ...` that matches the regex `message`; returns that line."""
+    import re
+
+    from kljax.cli import main
+
+    def check(argv: list[str], message: str) -> str:
+        capsys.readouterr()
+        rc = main(argv)
+        err = capsys.readouterr().err.strip()
+        assert rc == 2, (rc, err)
+        assert len(err.splitlines()) == 1 and err.startswith(f"kljax {argv[0]}: error: "), err
+        assert re.search(message, err), (message, err)
+        return err
+
+    return check

@@ -58,11 +58,10 @@ def test_sample_flops_counts_prefill_once_and_the_head_per_generated_token():
     assert common.sample_flops(n_body, n_head, 10, 5) - base == 2 * (n_body + n_head)
 
 
-def test_bench_decode_rejects_bad_modes(tmp_path):
-    with pytest.raises(ValueError, match="--modes"):
-        main(["bench", "decode", "--model", str(tmp_path), "--modes", "beam"])
-    with pytest.raises(ValueError, match="--peak-gflops must be > 0, got 0"):
-        main(["bench", "decode", "--model", str(tmp_path), "--peak-gflops", "0"])
+def test_bench_decode_rejects_bad_modes(tmp_path, cli_user_error):
+    cli_user_error(["bench", "decode", "--model", str(tmp_path), "--modes", "beam"], "--modes")
+    cli_user_error(["bench", "decode", "--model", str(tmp_path), "--peak-gflops", "0"],
+                   "--peak-gflops must be > 0, got 0")
 
 
 def test_matmul_floor_times_every_weight_matmul_of_the_model():

@@ -57,6 +57,5 @@ def test_kl_cases_agree_with_pytorch(case):
     (["--full-chunk", "0"], "--full-chunk must be >= 1, got 0"),
     (["--memory-len", "-1"], "--memory-len must be >= 0, got -1"),
 ])
-def test_bench_kl_rejects_bad_arguments(argv, message):
-    with pytest.raises(ValueError, match=message):
-        main(["bench", "kl", "--no-peer", *argv])
+def test_bench_kl_rejects_bad_arguments(argv, message, cli_user_error):
+    cli_user_error(["bench", "kl", "--no-peer", *argv], message)

@@ -74,11 +74,9 @@ def test_bench_rl_bfloat16_runs_both_sides_in_bfloat16_compute(tiny_model, tmp_p
 @pytest.mark.parametrize("flag, value", [("--prompts", "0"), ("--group", "1"), ("--repeats", "0"),
                                          ("--warmup", "-1"), ("--threads", "0"), ("--threads", "100000"),
                                          ("--micro-batches", "0"), ("--micro-batches", "3")])
-def test_bench_rl_rejects_bad_values(tiny_model, flag, value):
-    with pytest.raises(ValueError, match=f"{flag}.*{value}"):
-        main(["bench", "rl", "--model", str(tiny_model), flag, value])
+def test_bench_rl_rejects_bad_values(tiny_model, flag, value, cli_user_error):
+    cli_user_error(["bench", "rl", "--model", str(tiny_model), flag, value], f"{flag}.*{value}")
 
 
-def test_bench_rl_rejects_a_directory_without_a_checkpoint(tmp_path):
-    with pytest.raises(ValueError, match="no config.json"):
-        main(["bench", "rl", "--model", str(tmp_path)])
+def test_bench_rl_rejects_a_directory_without_a_checkpoint(tmp_path, cli_user_error):
+    cli_user_error(["bench", "rl", "--model", str(tmp_path)], "no config.json")

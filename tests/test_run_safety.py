@@ -147,7 +147,7 @@ def test_answer_extraction_is_linear_on_deeply_nested_boxes():
     for name, text in cases.items():
         t0 = time.perf_counter()
         answer = extract_final_answer(text)
-        assert time.perf_counter() - t0 < 0.5, name  # quadratic took minutes on 1 MB
+        assert time.perf_counter() - t0 < 5.0, name  # linear: ~0.1 s; the quadratic scan took minutes on 1 MB
         assert answer == {"open": None, "closed": "7", "plain braces": "{" * 500_000 + "}" * 500_000}[name], name
     assert last_boxed("x \\boxed{ \\boxed{a}+1 } y") == "\\boxed{a}+1"  # not one group: kept
     assert last_boxed("\\boxed{\\fbox{ 3 }}") == "3"
