@@ -37,3 +37,4 @@ def test_notebook_executes_small(monkeypatch):
     outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "vocab 3, length 3" in outputs  # the small setting ran
     assert "Unbiased on-policy (measured): k1-reward" in outputs
+    assert "Convergence study: 2 rows" in outputs  # the convergence section ran (kljax/studies)

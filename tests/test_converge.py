@@ -10,10 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kljax.cli import main
+from kljax.cli import build_parser, main
 from kljax.kl import KLConfig
 from kljax.studies.converge import RunSettings, train_runs
+from kljax.studies.converge_cli import build_config
 from kljax.studies.fixed_point import find_fixed_points
+from kljax.studies.study import StudyConfig
 from kljax.studies.toy_tasks import exact_metrics, make_task, objective, optimal_logp, task_logps
 
 
@@ -125,6 +127,22 @@ def test_cli_quick_reduced_writes_rows_and_report(tmp_path, capsys):
     text = (out / "report.md").read_text()
     assert "Convergence to the known optimum" in text and "| k3-loss | 0 | biased |" in text
     assert (out / "gap_curves_async0.png").stat().st_size > 1000 and (out / "off_policy.png").is_file()
+    # The report's rerun line parses back to the study's own configuration.
+    meta = json.loads((out / "study.json").read_text())["meta"]
+    rerun = next(line for line in text.splitlines() if line.startswith("Rerun: `"))[len("Rerun: `"):].split(" --out")[0]
+    args, _ = build_parser().parse_known_args(rerun.split()[1:])
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in meta.items()
+              if k in StudyConfig.__dataclass_fields__}
+    assert build_config(args) == StudyConfig(**fields)
+    # Without curves.json (a committed results folder) the report keeps the gap-curve figures it has,
+    # and a notes.md beside it is appended.
+    (out / "curves.json").unlink()
+    (out / "notes.md").write_text("## Reading\n\nk3-loss settles elsewhere.\n")
+    before = (out / "gap_curves_async0.png").read_bytes()
+    assert main(["report", str(out)]) == 0 and (out / "gap_curves_async0.png").read_bytes() == before
+    assert (out / "report.md").read_text().endswith("## Reading\n\nk3-loss settles elsewhere.\n")
+    assert text.split("## Each configuration's fixed point")[1].count("| k3-loss |") == 1
+    assert "Not computed" not in text
     capsys.readouterr()
     assert main(["converge-study", "--presets", "k9-reward", "--no-progress"]) == 2
     err = capsys.readouterr().err

@@ -6,7 +6,8 @@ Examples:
   kljax converge-study --presets k1-reward,k3-loss --betas 0.1 --seeds 3 --async-levels 0,10 --steps 100
 
 --out DIR gets study.json (meta and one row per preset x async level x beta) and curves.json
-(per row: gap, kl_seq, reward at every step for every seed); `kljax report DIR` renders them.
+(per row: gap, kl_seq, reward at every step for every seed, 4 significant digits); `kljax report DIR`
+renders them.
 --json PATH gets the rows alone.
 """
 
@@ -92,6 +93,15 @@ def _finite(value):
     return value
 
 
+def _significant(array, digits: int = 4) -> list:
+    """`array` as nested lists of floats rounded to `digits` significant digits (curves.json holds
+    every step of every seed: full float repr would make it ~5x larger for no visible difference)."""
+    import numpy as np
+
+    return [_significant(a, digits) for a in array] if np.ndim(array) > 1 else \
+        [float(f"{x:.{digits}g}") for x in np.asarray(array, float)]
+
+
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -113,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "study.json").write_text(json.dumps(_finite({"meta": result["meta"], "rows": rows}), indent=1) + "\n")
-        curves = _finite({name: {k: v.tolist() for k, v in c.items()} for name, c in result["curves"].items()})
+        curves = _finite({name: {k: _significant(v) for k, v in c.items()} for name, c in result["curves"].items()})
         (out / "curves.json").write_text(json.dumps(curves) + "\n")
     width = max(len(r["name"]) for r in rows)
     print(f"{'configuration':<{width}}  verdict   initial gap   final gap (mean +- std)   ended at")

@@ -1,6 +1,7 @@
 """`kljax report DIR` for a converge-study directory (study.json + curves.json): DIR/report.md with
 the final-gap table, each configuration's fixed point, the counts of where rows ended, and the
-figures of `converge_plots` (gap curves per staleness level, the off-policy panel)."""
+figures of `converge_plots` (gap curves per staleness level, the off-policy panel), then DIR/notes.md
+(a person's reading of the results) when it exists."""
 
 from __future__ import annotations
 
@@ -50,6 +51,42 @@ def _counts(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines
 
 
+def command_line(meta: Mapping[str, Any]) -> str:
+    """The `kljax converge-study` command that reruns the study of `meta` (the StudyConfig fields
+    the CLI sets; the task's shape is the default one)."""
+    def joined(values: Sequence[Any]) -> str:
+        return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
+
+    return (f"kljax converge-study --presets {joined(meta['presets'])} --betas {joined(meta['betas'])} "
+            f"--seeds {meta['seeds']} --async-levels {joined(meta['async_levels'])} --steps {meta['steps']} "
+            f"--policy {meta['policy']} --learning-rate {meta['learning_rate']:g} "
+            f"--fixed-point-iters {meta['fixed_point_iters']}")
+
+
+def _fixed_point_table(presets: Sequence[str], betas: Sequence[float], by: Mapping[tuple, Mapping[str, Any]],
+                       level: int) -> list[str]:
+    out = ["gap of the fixed point, beta KL(pi_fp || pi*), and in % of the initial gap; pi*: below 1e-5 of it; "
+           "'boundary': the parameters still moved at the end of the ascent; 'none found': it became non-finite "
+           "(logits growing without bound).", "",
+           "| configuration | " + " | ".join(f"beta {b:g}" for b in betas) + " |", "|---|" + "---|" * len(betas)]
+    for p in presets:
+        cells = []
+        for b in betas:
+            r = by.get((p, level, b))
+            gap = None if r is None else r["fixed_point_gap"]
+            if r is None:
+                cells.append("")
+            elif gap is None or not math.isfinite(gap):
+                cells.append("none found (non-finite)")
+            elif gap <= 1e-5 * r["initial_gap"]:
+                cells.append(f"pi* ({max(gap, 0.0):.0e})")
+            else:
+                cells.append(f"{gap:.4f} ({100 * gap / r['initial_gap']:.2g}%)"
+                             + (" boundary" if r["fixed_point_boundary"] else ""))
+        out.append(f"| {p} | " + " | ".join(cells) + " |")
+    return out + [""]
+
+
 def render(meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
     """report.md's text (figures are referenced by file name)."""
     betas = sorted({r["beta"] for r in rows})
@@ -61,11 +98,13 @@ def render(meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
         "",
         f"Toy task: {len(meta['shapes'])} prompts ({', '.join(meta['shapes'])} rewards), vocabulary {meta['vocab']} "
         f"(the last token stops), responses of at most {meta['response_len']} tokens ({meta['num_responses']} per "
-        f"prompt), a tabular policy started at pi_ref. Each run: {meta['steps']} iterations of the trainer's own "
-        f"update ({meta['advantage']}, {meta['aggregation']}, {meta['optimizer']}, peak learning rate "
+        f"prompt), a {meta['policy']} policy started at pi_ref. Each run: {meta['steps']} iterations of the "
+        f"trainer's own update ({meta['advantage']}, {meta['aggregation']}, {meta['optimizer']}, peak learning rate "
         f"{meta['learning_rate']}), {meta['group_size']} samples per prompt; {meta['seeds']} seeds per row. "
         f"gap = beta KL(pi || pi*) = J(pi*) - J(pi), computed exactly at every step. "
         f"Study runtime: {meta['runtime_s']:.0f} s.",
+        "",
+        f"Rerun: `{command_line(meta)} --out DIR && kljax report DIR`",
         "",
         f"- Where a row ended: {meta['converged_rule']}.",
         f"- Unstable: {meta['unstable_rule']}.",
@@ -91,43 +130,35 @@ def render(meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
     out += ["", "Initial gap (pi_ref) per beta: " + ", ".join(
         f"{b:g}: {next(r['initial_gap'] for r in rows if r['beta'] == b):.4f}" for b in betas), "",
         "## Each configuration's fixed point (exact expected-gradient ascent, on-policy; staleness moves no fixed "
-        "point)", "", "gap of the fixed point, beta KL(pi_fp || pi*), and in % of the initial gap; pi*: below 1e-5 "
-        "of it; 'boundary': no finite fixed point found (the parameters still moved).", "",
-        "| configuration | " + " | ".join(f"beta {b:g}" for b in betas) + " |", "|---|" + "---|" * len(betas)]
-    for p in presets:
-        cells = []
-        for b in betas:
-            r = by.get((p, levels[0], b))
-            gap = None if r is None else r["fixed_point_gap"]
-            if r is None:
-                cells.append("")
-            elif gap is None or not math.isfinite(gap):
-                cells.append("none found (non-finite)")
-            elif gap <= 1e-5 * r["initial_gap"]:
-                cells.append(f"pi* ({max(gap, 0.0):.0e})")
-            else:
-                cells.append(f"{gap:.4f} ({100 * gap / r['initial_gap']:.2g}%)"
-                             + (" boundary" if r["fixed_point_boundary"] else ""))
-        out.append(f"| {p} | " + " | ".join(cells) + " |")
-    out += ["", "## Figures", ""]
+        "point)", ""]
+    if not meta.get("fixed_point_iters", 1):
+        out += ["Not computed (`--fixed-point-iters 0`).", ""]
+    else:
+        out += _fixed_point_table(presets, betas, by, levels[0])
+    out += ["## Figures", ""]
     out += [f"![gap curves, async_level {a}](gap_curves_async{a}.png)" for a in levels]
     out += ["", "![off-policy panel](off_policy.png)", ""]
     return "\n".join(out)
 
 
 def write_converge_report(directory: str | Path) -> Path:
-    """DIR/report.md and its PNGs from DIR/study.json and DIR/curves.json; returns report.md's path."""
+    """DIR/report.md and its PNGs from DIR/study.json and DIR/curves.json (without curves.json the
+    gap-curve PNGs are not redrawn), with DIR/notes.md appended when present; returns report.md's path."""
     from kljax.studies import converge_plots as plots
 
     d = Path(directory)
     study = read_json(d / "study.json", "converge study")
     if not isinstance(study, dict) or not study.get("rows"):
         raise UserError(f"{d / 'study.json'} has no rows; write it with `kljax converge-study --out {d}`")
-    curves = read_json(d / "curves.json", "converge curves") if (d / "curves.json").is_file() else {}
     rows = study["rows"]
-    for a in sorted({r["async_level"] for r in rows}):
-        plots.gap_curves(rows, curves, a).savefig(d / f"gap_curves_async{a}.png", dpi=90)
+    if (d / "curves.json").is_file():  # absent (e.g. not committed): the gap-curve PNGs there are kept
+        curves = read_json(d / "curves.json", "converge curves")
+        for a in sorted({r["async_level"] for r in rows}):
+            plots.gap_curves(rows, curves, a).savefig(d / f"gap_curves_async{a}.png", dpi=90)
     plots.off_policy_panel(rows).savefig(d / "off_policy.png", dpi=90)
     path = d / "report.md"
-    path.write_text(render(study["meta"], rows) + "\n")
+    text = render(study["meta"], rows).rstrip("\n") + "\n"
+    if (d / "notes.md").is_file():  # a person's reading of the results, kept across re-renders
+        text += "\n" + (d / "notes.md").read_text().strip() + "\n"
+    path.write_text(text)
     return path
