@@ -1,5 +1,5 @@
 """`kljax audit PEER [key=value ...] [--file FILE] [--json]`: another trainer's KL settings as the
-equivalent kljax configuration, with its expected gradient (`kljax.audit`, `kljax.rl.describe`).
+equivalent kljax configuration, with its expected gradient (`kljax.rl.audit`, `kljax.rl.describe`).
 
 Settings come from FILE (JSON, or YAML; nested sections flatten to dotted keys, as verl's) and
 then from key=value arguments, which win. A value is parsed as JSON where it can be (true, 0.04,
@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kljax.audit import PEERS, overrides, settings_with_defaults, translate
 from kljax.errors import UserError, read_json
+from kljax.rl.audit import PEERS, overrides, settings_with_defaults, translate
 from kljax.rl.describe import describe_objective
 
 

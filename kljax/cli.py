@@ -15,7 +15,7 @@ import sys
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "kl-configs": ("kljax.kl_table", "print every KL configuration and what its gradient is"),
+    "kl-configs": ("kljax.rl.kl_table", "print every KL configuration and what its gradient is"),
     "bias-study": ("kljax.bias.cli", "exact and Monte-Carlo gradient bias/variance of KL configurations"),
     "converge-study": ("kljax.studies.converge_cli", "train each KL configuration to the exact optimum of toy tasks"),
     "convert": ("kljax.models.cli_convert", "convert a Hugging Face checkpoint to kljax (and back)"),

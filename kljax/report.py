@@ -239,8 +239,8 @@ def _fmt(s: dict[str, float] | None) -> str:
 
 def _unbiased(run: dict[str, Any]) -> str:
     """Whether the run's KL configuration has an unbiased gradient of KL_seq (on-policy / off-policy)."""
-    from kljax.kl import KLConfig
-    from kljax.kl_describe import describe
+    from kljax.rl.kl import KLConfig
+    from kljax.rl.kl_describe import describe
 
     if run["kl"].get("placement") == "none":
         return "(no KL)"

@@ -113,9 +113,9 @@ def _find(name: str, base_dir: Path) -> Path:
 
 def resolve_kl(item: str | dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """A preset name of `kljax kl-configs` or a dict of KLConfig fields -> (its config_name, kl fields)."""
-    from kljax.kl import KLConfig
-    from kljax.kl_describe import config_name
-    from kljax.kl_table import PRESETS
+    from kljax.rl.kl import KLConfig
+    from kljax.rl.kl_describe import config_name
+    from kljax.rl.kl_table import PRESETS
 
     if isinstance(item, str):
         presets = {config_name(c): c for c, _ in PRESETS}

@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from kljax import audit
 from kljax.cli import main
-from kljax.kl_table import PRESETS
+from kljax.rl import audit
 from kljax.rl.describe import describe_objective
+from kljax.rl.kl_table import PRESETS
 from kljax.train.config import apply_overrides
 
 ROOT_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 # peer -> (estimator, placement, credit, off_policy, beta, aggregation, advantage, clip_low, clip_high,
-#          updates_per_batch), from the defaults table and the peer code read (see kljax/audit.py)
+#          updates_per_batch), from the defaults table and the peer code read (see kljax/rl/audit.py)
 DEFAULTS = {
     "trl-grpo": ("k1", "none", "sequence", "none", 0.0, "token-mean", "grpo", 0.2, None, 1),
     "trl-rloo": ("k1", "reward", "sequence", "none", 0.05, "seq-mean-token-sum", "rloo", 0.2, None, 1),

@@ -13,7 +13,8 @@ from kljax.bias.engine import Engine
 from kljax.bias.gradients import stats_from_moments
 from kljax.bias.policies import TabularPolicy, TransformerPolicy
 from kljax.bias.setting import make_setting
-from kljax.kl import KLConfig, describe
+from kljax.rl.kl import KLConfig
+from kljax.rl.kl_describe import describe
 
 CONFIGS = catalog.preset_configs()
 EXTRA = (

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from kljax import cli
 from kljax.bias import report
-from kljax.kl import describe
-from kljax.kl_table import PRESETS
+from kljax.rl.kl_describe import describe
+from kljax.rl.kl_table import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs" / "bias_tiny.py")

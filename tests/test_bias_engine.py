@@ -9,7 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kljax import estimators as est
 from kljax.bias import catalog, exact
 from kljax.bias.engine import Engine
 from kljax.bias.gradients import stats_from_moments
@@ -17,6 +16,7 @@ from kljax.bias.montecarlo import sample_jit
 from kljax.bias.policies import Behaviour, TabularPolicy, TransformerPolicy, enumerate_sequences, sequence_logps
 from kljax.bias.setting import make_setting
 from kljax.bias.tabular import TabularSpace
+from kljax.rl import estimators as est
 from kljax.rl.objective import kl_surrogate
 
 CONFIGS = catalog.preset_configs()

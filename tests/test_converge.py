@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from kljax.cli import build_parser, main
-from kljax.kl import KLConfig
+from kljax.rl.kl import KLConfig
 from kljax.studies.converge import RunSettings, train_runs
 from kljax.studies.converge_cli import build_config
 from kljax.studies.fixed_point import find_fixed_points

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kljax import estimators as est
-from kljax.kl import KLConfig, kl_metrics, kl_terms
+from kljax.rl import estimators as est
+from kljax.rl.kl import KLConfig, kl_metrics, kl_terms
 
 
 def _two_distributions(vocab: int = 6, seed: int = 0):

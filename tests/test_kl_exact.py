@@ -1,6 +1,6 @@
 """Every row of docs/kl_math.md's tables, checked by exact enumeration on a tabular autoregressive policy.
 
-The expected gradient of each configuration is computed with the same `kljax.kl` functions the
+The expected gradient of each configuration is computed with the same `kljax.rl.kl` functions the
 trainer calls (`kl_surrogate` = the reward penalty through the policy loss's token ratio + the loss
 term), summed over all V^T sequences with the sampler's probabilities held fixed, in float64, and
 compared with exact gradients of the sequence-level reverse KL and of the other objectives the
@@ -16,11 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kljax import kl_describe as words
 from kljax.bias import exact
 from kljax.bias.tabular import TabularSpace, init_logits
-from kljax.kl import KLConfig, describe
-from kljax.kl_table import PRESETS
+from kljax.rl import kl_describe as words
+from kljax.rl.kl import KLConfig
+from kljax.rl.kl_describe import describe
+from kljax.rl.kl_table import PRESETS
 from kljax.rl.objective import kl_surrogate
 
 TOL = 1e-9
@@ -180,7 +181,7 @@ def test_rao_blackwellized_has_lower_variance(setting):
                 full = None
                 if config.estimator == "full":
                     from kljax.bias.tabular import step_logits
-                    from kljax.estimators import full_kl_from_logits
+                    from kljax.rl.estimators import full_kl_from_logits
 
                     full = full_kl_from_logits(step_logits(t, enum.ids_nt), step_logits(ref, enum.ids_nt))
                 return kl_surrogate(config, enum.logps(t), enum.logps(ref), enum.mask_nt, None, full)

@@ -10,12 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kljax import advantages as adv
-from kljax import losses
 from kljax.cli import main as cli_main
-from kljax.kl import KLBiasWarning, KLConfig, adapt_beta, describe
-from kljax.rl import objective
+from kljax.rl import advantages as adv
+from kljax.rl import losses, objective
 from kljax.rl.describe import warn_if_biased
+from kljax.rl.kl import KLBiasWarning, KLConfig, adapt_beta
+from kljax.rl.kl_describe import describe
 
 RNG = np.random.default_rng(0)
 VALUES = RNG.normal(size=(4, 6)).astype(np.float32)

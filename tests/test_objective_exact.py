@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 from kljax.bias.through_trainer import Space, expected_update, true_gradient
-from kljax.kl_table import PRESETS
 from kljax.rl.describe import RunObjective, describe_objective
+from kljax.rl.kl_table import PRESETS
 from kljax.rl.objective import AGGREGATIONS, DEFAULT_AGGREGATION
 from kljax.train.step import StepSettings
 
@@ -97,7 +97,7 @@ def test_describe_matches_the_trainer_groups_of_three_two_micro_batches(preset):
 
 def test_default_objective_is_unbiased_up_to_its_normalizer():
     """The defaults of RLConfig / StepSettings / the base config give c grad J, c = (1/max_new_tokens)."""
-    from kljax.kl import KLConfig
+    from kljax.rl.kl import KLConfig
     from kljax.train.config import RLConfig
 
     rl = RLConfig()

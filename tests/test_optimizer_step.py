@@ -75,8 +75,8 @@ def test_in_place_update_rejects_foreign_state():
 
 
 def test_train_step_same_with_config_or_transformation():
-    from kljax.kl import KLConfig
     from kljax.models import transformer as tfm
+    from kljax.rl.kl import KLConfig
     from kljax.train.step import StepSettings, train_step
     from tests.test_train_step import MODEL, make_batch
 

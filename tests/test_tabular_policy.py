@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from kljax.kl import KLConfig
 from kljax.models.policy_api import PolicyModel, as_policy
 from kljax.models.tabular import TabularPolicy, all_responses, sequence_probabilities
+from kljax.rl.kl import KLConfig
 from kljax.sampling import SamplingParams
 from kljax.tasks.base import Example, Score, Task
 from kljax.train.config import RLConfig

@@ -12,12 +12,12 @@ import numpy as np
 import optax
 import pytest
 
-from kljax import advantages as adv
 from kljax import sharding as shd
-from kljax.estimators import full_kl_from_logits
-from kljax.kl import KLConfig, kl_terms
 from kljax.models import transformer as tfm
 from kljax.models.config import ModelConfig
+from kljax.rl import advantages as adv
+from kljax.rl.estimators import full_kl_from_logits
+from kljax.rl.kl import KLConfig, kl_terms
 from kljax.rl.objective import kl_surrogate
 from kljax.train import state as st
 from kljax.train.step import Batch, StepSettings, batch_shardings, score, train_step

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kljax import advantages as adv
 from kljax.metrics import deterministic, read_jsonl
+from kljax.rl import advantages as adv
 from kljax.train.config import apply_overrides, load_config, validate
 from kljax.train.trainer import build, iteration, train
 

@@ -4,8 +4,8 @@
                    --full-chunk 16 --hidden 896 --vocab 151936] [--repeats 5] [--json PATH]
 
 Per-token cases, on [B, T] = [64, 1024] float32 log-probs with random response lengths (masked):
-  k1, k2, k3      sum_bt k(logp - ref_logp) * mask, and its gradient in logp (kljax.estimators);
-  kl_terms        sum_b loss_b of KLConfig(k3, placement loss)                    (kljax.kl.kl_terms);
+  k1, k2, k3      sum_bt k(logp - ref_logp) * mask, and its gradient in logp (kljax.rl.estimators);
+  kl_terms        sum_b loss_b of KLConfig(k3, placement loss)                    (kljax.rl.kl.kl_terms);
   kl_surrogate    sum_b of kl_surrogate(KLConfig(k3, both, reward_to_go)), with a sampler
                   distinct from the policy (token ratios != 1)                     (kljax.rl.objective.kl_surrogate).
 One timed repeat is `--iters` calls (dispatched back to back, waited for at the end).
@@ -16,7 +16,7 @@ gradient in (W, h), at a smaller shape [Bf, Tf] = [1, 64] (set it with --full-ba
 call is ~100 GFLOP there, seconds on 2 CPU cores; on a GPU use e.g. 4 x 1024 with --full-chunk 256):
   full_kl_chunked  kljax.models.transformer_policy.full_kl_from_hidden, `--full-chunk` positions per slice,
                    rematerialized (PyTorch: the same slices under torch.utils.checkpoint);
-  full_kl_naive    both [Bf, Tf, V] logits at once (kljax.estimators.full_kl_from_logits).
+  full_kl_naive    both [Bf, Tf, V] logits at once (kljax.rl.estimators.full_kl_from_logits).
 Memory: XLA's compiled memory_analysis() of each jitted kljax function (argument, output and temp
 bytes), at the timed shape and, compile-only, at `--memory-batch` x `--memory-len` (default 4 x 1024);
 on CUDA also PyTorch's max_memory_allocated. The chunked backward holds a [V, D] float32 gradient

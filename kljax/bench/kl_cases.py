@@ -14,10 +14,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kljax import estimators as est
-from kljax.kl import KLConfig, kl_terms
 from kljax.models import transformer as tfm
 from kljax.models.config import ModelConfig
+from kljax.rl import estimators as est
+from kljax.rl.kl import KLConfig, kl_terms
 from kljax.rl.objective import kl_surrogate
 
 ESTIMATOR_CASES = {"k1": est.k1, "k2": est.k2, "k3": est.k3}

@@ -2,14 +2,14 @@
 
 Each function is the formula of its kljax counterpart written the way a PyTorch user would
 (float32, masks applied with `torch.where` so padding never reaches values or gradients):
-  estimators k1 = d, k2 = d^2 / 2, k3 = expm1(-d) + d           (kljax.estimators)
+  estimators k1 = d, k2 = d^2 / 2, k3 = expm1(-d) + d           (kljax.rl.estimators)
   policy_loss_t = -min(r_t A_t, clip(r_t, 1 - eps_lo, 1 + eps_hi) A_t), r_t = exp(logp_t - mu_t)
   weights_and_denominator -> (w_b, D)                            (kljax.rl.objective)
   rl_loss = sum_b w_b (sum_t policy_loss + beta sum_t k(d_t)) / D  (kljax.rl.objective, KL in loss)
-  kl_surrogate_both_rtg: sum_t r_t * sum_{s>=t} sg(k3_s) + sum_t k3_t  (kljax.kl, placement both,
+  kl_surrogate_both_rtg: sum_t r_t * sum_{s>=t} sg(k3_s) + sum_t k3_t  (kljax.rl.kl, placement both,
       reward_to_go credit, beta = 1)
   full_kl: sum_v p(v) (log p(v) - log p_ref(v)) from both models' logits, naive or chunked with
-      torch.utils.checkpoint (kljax.estimators.full_kl_from_logits / models.transformer_policy.full_kl_from_hidden)
+      torch.utils.checkpoint (kljax.rl.estimators.full_kl_from_logits / models.transformer_policy.full_kl_from_hidden)
 Shapes: [B, T] per-token tensors; full-vocabulary functions take hidden [B, T, D] and a tied
 unembedding [V, D]. Import needs torch.
 """
@@ -45,7 +45,7 @@ ESTIMATORS = {"k1": k1, "k2": k2, "k3": k3}
 
 def policy_loss(logp_bt: Tensor, sampler_logp_bt: Tensor, advantages_bt: Tensor, mask_bt: Tensor,
                 clip_low: float | None = 0.2, clip_high: float | None = None) -> Tensor:
-    """Per-token clipped surrogate to minimize, [B, T] (0 on padding); kljax.losses.policy_loss."""
+    """Per-token clipped surrogate to minimize, [B, T] (0 on padding); kljax.rl.losses.policy_loss."""
     mask = mask_bt.float()
     ratio = torch.exp(masked(logp_bt, mask) - masked(sampler_logp_bt, mask).detach())
     adv = advantages_bt.float().detach()

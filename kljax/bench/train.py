@@ -119,8 +119,8 @@ class KljaxRLStep:
         import jax.numpy as jnp
 
         from kljax import sharding as shd
-        from kljax.kl import KLConfig
         from kljax.models import transformer as tfm
+        from kljax.rl.kl import KLConfig
         from kljax.train import state as st
         from kljax.train.step import Batch, StepSettings, batch_shardings, train_step
 

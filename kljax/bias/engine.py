@@ -28,7 +28,7 @@ from kljax.bias.policies import (
     sequence_logps,
 )
 from kljax.bias.setting import Setting
-from kljax.kl import KLConfig
+from kljax.rl.kl import KLConfig
 
 Array = jax.Array
 

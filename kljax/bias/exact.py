@@ -14,9 +14,9 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from kljax import estimators as est
 from kljax.bias.tabular import TabularSpace, all_sequences, prefix_ids, step_logits, token_logps
-from kljax.kl import KLConfig
+from kljax.rl import estimators as est
+from kljax.rl.kl import KLConfig
 from kljax.rl.objective import kl_surrogate
 
 Array = jax.Array

@@ -34,9 +34,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kljax import estimators as est
 from kljax.bias.policies import sequence_logps
-from kljax.kl import KLConfig
+from kljax.rl import estimators as est
+from kljax.rl.kl import KLConfig
 from kljax.rl.objective import Objective, kl_surrogate, sequence_losses
 
 Array = jax.Array

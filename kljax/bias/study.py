@@ -30,8 +30,9 @@ from kljax.bias.gradients import Moments, stats_from_moments, total_loss_stats
 from kljax.bias.montecarlo import check_samples, monte_carlo
 from kljax.bias.policies import POLICY_KINDS, check_enumeration, make_policy
 from kljax.bias.setting import OPTIMIZERS, make_setting
-from kljax.kl import KLConfig, config_name, describe
-from kljax.kl_table import PRESETS
+from kljax.rl.kl import KLConfig
+from kljax.rl.kl_describe import config_name, describe
+from kljax.rl.kl_table import PRESETS
 
 MODES = ("exact", "montecarlo", "both")
 UNBIASED_TOL = 1e-6

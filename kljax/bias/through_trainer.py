@@ -24,9 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from kljax.kl import KLConfig
 from kljax.models.tabular import TabularPolicy, all_responses
 from kljax.models.transformer import positions_from_mask
+from kljax.rl.kl import KLConfig
 from kljax.train.rollout import assemble_batch
 from kljax.train.state import TrainState
 from kljax.train.step import Batch, StepSettings, score, train_step

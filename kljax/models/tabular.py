@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kljax.estimators import full_kl_from_logits
+from kljax.rl.estimators import full_kl_from_logits
 
 Array = jax.Array
 

@@ -14,9 +14,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from kljax.estimators import full_kl_from_logits
 from kljax.models import transformer as tfm
 from kljax.models.config import ModelConfig
+from kljax.rl.estimators import full_kl_from_logits
 
 Array = jax.Array
 

@@ -1,6 +1,6 @@
 """What the gradient the trainer takes is, in expectation, for a run's whole objective.
 
-`kljax.kl.describe` states the KL part alone. The trainer's gradient also depends on how the loss
+`kljax.rl.kl_describe.describe` states the KL part alone. The trainer's gradient also depends on how the loss
 is aggregated, on the advantage's baseline and scale, and on whether the samples are stale. With
 J = E[R] - beta KL_seq (J = E[R] when there is no KL term), every term of the loss weighted alike
 (`kljax.rl.objective`), one update per batch from the current policy, the expected gradient of the
@@ -11,7 +11,7 @@ loss is c * grad(-J) exactly when
   - the baseline leaves the score function unbiased: RLOO (leave-one-out, c = 1) or Dr. GRPO's
     group mean (it includes the sample itself: c = (G-1)/G on what passes through the advantages);
     GRPO divides by the group's std, which depends on the sample: biased;
-  - the KL part is unbiased for grad KL_seq (`kljax.kl.describe`), and the reward-placed and the
+  - the KL part is unbiased for grad KL_seq (`kljax.rl.kl_describe.describe`), and the reward-placed and the
     loss-placed parts and the task reward carry the same c (Dr. GRPO's (G-1)/G reaches only what
     passes through the advantages: with a loss-placed part that is not zero in expectation, or a
     task reward next to a loss-placed KL, the effective beta changes).
@@ -29,7 +29,8 @@ import warnings
 from fractions import Fraction
 from typing import Any
 
-from kljax.kl import KLBiasWarning, KLConfig, KLDescription, describe
+from kljax.rl.kl import KLBiasWarning, KLConfig
+from kljax.rl.kl_describe import KLDescription, describe
 from kljax.rl.objective import CONSTANT_AGGREGATIONS, DEFAULT_AGGREGATION, check_aggregation
 
 VERDICTS = ("unbiased", "scaled", "biased")

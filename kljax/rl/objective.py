@@ -2,7 +2,7 @@
 loss-placed KL term, and one aggregation shared by every term.
 
 With sequence b's per-token policy loss pg_bt (clipped surrogate of the advantages A_bt) and its
-differentiable KL loss term kl_b (`kljax.kl.kl_terms`), the loss minimized is
+differentiable KL loss term kl_b (`kljax.rl.kl.kl_terms`), the loss minimized is
 
     loss = sum_b w_b * (sum_t pg_bt + beta * kl_b) / D
 
@@ -27,10 +27,10 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from kljax import advantages as adv
-from kljax import losses
-from kljax.estimators import as_float
-from kljax.kl import KLConfig, KLTerms, kl_terms, masked
+from kljax.rl import advantages as adv
+from kljax.rl import losses
+from kljax.rl.estimators import as_float
+from kljax.rl.kl import KLConfig, KLTerms, kl_terms, masked
 
 Array = jax.Array
 
@@ -84,7 +84,7 @@ def advantages_with_kl(
     sampler_logp_br: Array | None, full_kl_br: Array | None, beta: float | Array, group_size: int, method: str,
 ) -> Array:
     """Token advantages [B, R] (detached): the task reward minus beta times the reward-placed KL
-    (credit applied), minus the group baseline, over the group scale (`kljax.advantages`)."""
+    (credit applied), minus the group baseline, over the group scale (`kljax.rl.advantages`)."""
     terms = kl_terms(kl, logp_br, ref_logp_br, mask_br, sampler_logp_br, full_kl_br)
     return jax.lax.stop_gradient(
         adv.token_advantages(task_rewards_b, terms.penalty_bt, terms.penalty_b, beta, group_size, method)
@@ -141,7 +141,7 @@ def kl_surrogate(
     no task reward, no baseline, no clipping): the objective's `sequence_losses` with advantages
     -penalty_bt, i.e. sum_t w_t penalty_bt + loss_b with the token ratio w_t = pi_theta / mu through
     which the trainer applies the reward part. Its expectation over the sampler's sequences is what
-    `kljax.kl.describe` states and what tests/test_kl_exact.py enumerates."""
+    `kljax.rl.kl_describe.describe` states and what tests/test_kl_exact.py enumerates."""
     logp = masked(logp_bt, mask_bt)
     sampler = jax.lax.stop_gradient(logp if sampler_logp_bt is None else masked(sampler_logp_bt, mask_bt))
     terms = kl_terms(config, logp_bt, ref_logp_bt, mask_bt, sampler_logp_bt, full_kl_bt)

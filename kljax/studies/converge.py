@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kljax.kl import KLConfig
 from kljax.models.transformer import positions_from_mask
+from kljax.rl.kl import KLConfig
 from kljax.sampling_logits import SamplingParams
 from kljax.studies.toy_tasks import ToyTask, exact_metrics, task_logps
 from kljax.train.rollout import assemble_batch

@@ -2,7 +2,7 @@
 
 On-policy with RLOO (its baseline has zero mean) the trainer's expected update is, up to the
 aggregation's constant 1/R, the gradient of the surrogate (every response y enumerated, each prompt
-weighted 1/P, sg = stop_gradient, `kljax.kl.kl_terms` giving the configuration's pieces)
+weighted 1/P, sg = stop_gradient, `kljax.rl.kl.kl_terms` giving the configuration's pieces)
     S(theta) = mean_p sum_y sg(pi(y|p)) [ sum_t log pi(y_t|h_t) sg(R(y) - beta penalty_t(y)) - beta loss(y) ].
 For an unbiased configuration grad S = grad J, so its fixed point is pi*; a biased one may have
 another (k3 in the loss: a per-token forward KL with prefixes frozen) or none (k1 in the loss, no
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from kljax.kl import KLConfig, kl_terms
+from kljax.rl.kl import KLConfig, kl_terms
 from kljax.studies.toy_tasks import ToyTask, enumerated_batch
 
 Array = jax.Array

@@ -17,10 +17,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from kljax.kl import KLConfig, describe
-from kljax.kl_table import PRESETS
 from kljax.models.config import ModelConfig
 from kljax.rl.describe import RunObjective, describe_objective
+from kljax.rl.kl import KLConfig
+from kljax.rl.kl_describe import describe
+from kljax.rl.kl_table import PRESETS
 from kljax.studies.converge import RunSettings, train_runs
 from kljax.studies.fixed_point import FixedPoint, find_fixed_points
 from kljax.studies.toy_tasks import SHAPES, ToyTask, exact_metrics, make_task, task_logps

@@ -13,8 +13,8 @@ from typing import Any
 
 import ml_collections
 
-from kljax.advantages import METHODS, MIN_GROUP
-from kljax.kl import KLConfig
+from kljax.rl.advantages import METHODS, MIN_GROUP
+from kljax.rl.kl import KLConfig
 from kljax.rl.objective import DEFAULT_AGGREGATION, check_aggregation
 from kljax.train.state import OptimConfig
 

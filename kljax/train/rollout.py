@@ -29,8 +29,8 @@ import numpy as np
 
 from kljax import sampling
 from kljax.distributed import global_from_local_rows, local_rows
-from kljax.kl import KLConfig
 from kljax.models.policy_api import as_policy
+from kljax.rl.kl import KLConfig
 from kljax.rl.objective import advantages_with_kl
 from kljax.sharding import data_sharding
 from kljax.tasks.base import Example, Task

@@ -20,9 +20,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from kljax.kl import KL_METRICS, KLConfig, kl_metric_sums, kl_metrics_from_sums
 from kljax.models.policy_api import PolicyModel, as_policy
 from kljax.rl import objective as obj
+from kljax.rl.kl import KL_METRICS, KLConfig, kl_metric_sums, kl_metrics_from_sums
 from kljax.sharding import constrain_batch
 from kljax.train.optimizer_step import (
     LAYERS,

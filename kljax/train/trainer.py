@@ -37,10 +37,10 @@ from kljax import distributed
 from kljax import sharding as shd
 from kljax.checkpoint import RunCheckpointer
 from kljax.errors import UserError
-from kljax.kl import adapt_beta
 from kljax.metrics import MetricsWriter, to_python
 from kljax.models import transformer as tfm
 from kljax.rl.describe import RunObjective, warn_if_biased
+from kljax.rl.kl import adapt_beta
 from kljax.tasks.base import Example
 from kljax.train import run_logs
 from kljax.train import state as st

@@ -13,10 +13,8 @@ exact enumeration in tests/test_kl_exact.py, on-policy and with a different samp
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from kljax.kl import KLConfig
+from kljax.rl.kl import KLConfig
 
 REVERSE_SEQ = "unbiased grad of the sequence-level reverse KL"
 ZERO = "zero in expectation: no regularization, only noise"

@@ -7,16 +7,16 @@ import argparse
 import dataclasses
 import json
 
-from kljax.advantages import METHODS, MIN_GROUP
-from kljax.audit import with_users
-from kljax.kl import KLConfig
+from kljax.rl.advantages import METHODS, MIN_GROUP
+from kljax.rl.audit import with_users
 from kljax.rl.describe import RunObjective, describe_objective
+from kljax.rl.kl import KLConfig
 from kljax.rl.objective import AGGREGATIONS, DEFAULT_AGGREGATION
 from kljax.train.config import RLConfig
 
 _S = KLConfig
-# (preset, what it is); `kljax.audit.with_users` appends the peer trainers' settings that give it,
-# translated from the peer defaults table (kljax.audit.PEERS), so the labels cannot drift from it.
+# (preset, what it is); `kljax.rl.audit.with_users` appends the peer trainers' settings that give it,
+# translated from the peer defaults table (kljax.rl.audit.PEERS), so the labels cannot drift from it.
 _NOTES: tuple[tuple[KLConfig, str], ...] = (
     (_S(placement="none"), "no KL regularization (baseline)"),
     (_S("k1", "reward"), "the paper's recommended default"),

@@ -4,7 +4,7 @@ The objective is  J(theta) = E_{y~pi_theta}[ R(x, y) ] - beta * KL_seq(theta),
     KL_seq = E_{y~pi_theta}[ sum_t d_t ],   d_t = log pi_theta(y_t|h_t) - log pi_ref(y_t|h_t),
 and its KL part must be estimated from samples. A configuration chooses
   - `estimator`: k1, k2, k3, k3+ (straight-through: k3 value, k2 gradient) or full (exact per-prefix
-    KL from both models' logits), see `kljax.estimators`;
+    KL from both models' logits), see `kljax.rl.estimators`;
   - `placement`: where the estimate enters. "reward": `beta * stop_grad(k)` is subtracted from the
     return before the baseline, so it reaches the gradient only through the score function
     `E[(sum_t k_t) grad log pi(y|x)]`. "loss": `beta * sum_t k_t` is added to the loss and
@@ -24,9 +24,9 @@ and its KL part must be estimated from samples. A configuration chooses
 
 `kl_terms` turns a config and log-probs into `KLTerms` (the detached reward penalty to subtract
 from returns, and the differentiable loss term); the objective (`kljax.rl.objective`, whose
-`kl_surrogate` is the KL part alone) composes them as the trainer differentiates them. `describe`
-says what the KL part's gradient is in expectation. All of it is checked by exact enumeration in
-tests/test_kl_exact.py.
+`kl_surrogate` is the KL part alone) composes them as the trainer differentiates them.
+`kljax.rl.kl_describe.describe` (that module imports this one, never the reverse) says what the KL
+part's gradient is in expectation. All of it is checked by exact enumeration in tests/test_kl_exact.py.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from kljax import estimators as est
+from kljax.rl import estimators as est
 
 Array = jax.Array
 
@@ -278,10 +278,8 @@ def adapt_beta(beta: float | Array, observed_kl: float | Array, config: KLConfig
     return beta * (1.0 + error * n_steps / config.adapt_horizon)
 
 
-from kljax.kl_describe import KLDescription, config_name, describe  # noqa: E402  (re-exported)
-
 __all__ = [
-    "KLBiasWarning", "KLConfig", "KLDescription", "KLTerms", "adapt_beta", "config_name", "describe",
+    "KLBiasWarning", "KLConfig", "KLTerms", "adapt_beta",
     "KL_METRICS", "kl_metric_sums", "kl_metrics", "kl_metrics_from_sums", "kl_terms", "masked",
     "sequence_weight", "validate",
 ]

@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kljax.errors import UserError
-from kljax.kl import KLConfig
 from kljax.rl.describe import RunObjective
+from kljax.rl.kl import KLConfig
 
 _TRL = "trl 1.16.0 (installed)"
 _VERL_CFG = "verl-project/verl verl/trainer/config/_generated_ppo_trainer.yaml @1a7e2cab"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from kljax.estimators import as_float
-from kljax.kl import masked
+from kljax.rl.estimators import as_float
+from kljax.rl.kl import masked
 
 Array = jax.Array
 
