@@ -243,7 +243,8 @@ def make_plan(config: ml_collections.ConfigDict, mesh_shape: tuple[int, int, int
     from kljax import sharding as shd
     from kljax.models import transformer as tfm
     from kljax.models.config import num_params
-    from kljax.sampling_step import cache_bytes
+    from kljax.sampling import sampler
+    from kljax.sampling.step import cache_bytes
     from kljax.train import state as st
     from kljax.train.rollout import policy_scored_in_update
     from kljax.train.step import Batch, StepSettings, score, train_step
@@ -306,7 +307,7 @@ def make_plan(config: ml_collections.ConfigDict, mesh_shape: tuple[int, int, int
         prompts = jax.ShapeDtypeStruct((b_prompts, prompt_len), jnp.int32, sharding=rows_sh(2))
         prompt_mask = jax.ShapeDtypeStruct((b_prompts, prompt_len), jnp.bool_, sharding=rows_sh(2))
         key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=shd.replicated(mesh))
-        lowered = sampling._generate_jit.lower(params, prompts, prompt_mask, key, config=model, sampling=sp,
+        lowered = sampler._generate_jit.lower(params, prompts, prompt_mask, key, config=model, sampling=sp,
                                                mesh=mesh)
         compiled["sample"] = compile_memory("sampler (prefill + decode loop)", lowered, top)
 

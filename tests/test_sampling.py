@@ -11,12 +11,19 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 scipy_stats = pytest.importorskip("scipy.stats")
 
-from kljax import sampling, sampling_logits  # noqa: E402
+from kljax import sampling  # noqa: E402
 from kljax import sharding as sharding_lib  # noqa: E402
 from kljax.models import transformer as tf  # noqa: E402
 from kljax.models.convert import load_hf_checkpoint  # noqa: E402
 from kljax.models.tiny import TINY_FAMILIES, save_tiny_hf_model  # noqa: E402
-from kljax.sampling import SamplingParams, bucket_length, generate, response_logprobs  # noqa: E402
+from kljax.sampling import (  # noqa: E402
+    SamplingParams,
+    bucket_length,
+    generate,
+    response_logprobs,
+    sampler,  # noqa: E402
+)
+from kljax.sampling import logits as sampling_logits  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -302,13 +309,13 @@ def test_n_samples_share_one_prefill_and_equal_the_repeated_prompts(tiny, monkey
     params, config = tiny
     tokens, mask = prompts(config.vocab_size)
     seen = []
-    real_prefill = sampling.prefill
+    real_prefill = sampler.prefill
 
     def spy(params, tokens_bp, *args, **kwargs):
         seen.append(tokens_bp.shape)
         return real_prefill(params, tokens_bp, *args, **kwargs)
 
-    monkeypatch.setattr(sampling, "prefill", spy)
+    monkeypatch.setattr(sampler, "prefill", spy)
     sp = SamplingParams(max_new_tokens=9, temperature=1.1, n=3)
     many = generate(params, config, tokens, mask, jax.random.key(5), sp)
     assert seen == [(4, 16)]  # traced once, over the 4 prompts, not 12 rows

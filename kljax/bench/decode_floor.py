@@ -2,8 +2,8 @@
 
     floor seconds = prefill + (N - 1) decode steps' weight matmuls alone
 
-Prefill is kljax's own (`sampling_step.prefill`, the model's forward over the B x P prompt tokens).
-A decode step's weight matmuls are those of `sampling_step._decode_layer` in its fastest form on
+Prefill is kljax's own (`kljax.sampling.step.prefill`, the model's forward over the B x P prompt tokens).
+A decode step's weight matmuls are those of `kljax.sampling.step._decode_layer` in its fastest form on
 XLA CPU (feature-major, W [out, in] @ x [in, B], float32 accumulation): per layer the fused q/k/v,
 the output, the fused gate/up and the down projection, then the unembedding [V, D] @ [D, B]; the
 loop carries a residual so that no step can be skipped or hoisted. Left out: attention over the
@@ -35,7 +35,7 @@ def matmul_floor(params: Any, config: Any, prompts_bp: np.ndarray, new_tokens: i
     import jax.numpy as jnp
 
     from kljax.models.transformer import positions_from_mask
-    from kljax.sampling_step import prefill, weight_matmul
+    from kljax.sampling.step import prefill, weight_matmul
 
     b = prompts_bp.shape[0]
     tokens = jnp.asarray(prompts_bp)

@@ -96,7 +96,7 @@ class TabularPolicy:
     def sample(self, params: Any, prompt_tokens_bp: Any, prompt_mask_bp: Any, key: Array, sampling: Any,
                mesh: Any = None) -> Any:
         """`sampling.n` responses per prompt, drawn token by token with the transformer sampler's
-        own draw (`sampling_logits.sample_logits`), in a `SampleResult`."""
+        own draw (`kljax.sampling.logits.sample_logits`), in a `SampleResult`."""
         if sampling.max_new_tokens != self.response_len:
             raise ValueError(
                 f"max_new_tokens={sampling.max_new_tokens} must equal the tabular policy's response_len="
@@ -113,7 +113,7 @@ class TabularPolicy:
 def _sample(policy: TabularPolicy, params: Any, tokens_rp: Array, mask_rp: Array, key: Array, sampling: Any) -> Any:
     from kljax.models.transformer import positions_from_mask
     from kljax.sampling import SampleResult
-    from kljax.sampling_logits import sample_logits
+    from kljax.sampling.logits import sample_logits
 
     rows, r = tokens_rp.shape[0], policy.response_len
     prompt_r = tokens_rp[:, -1]

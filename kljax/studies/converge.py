@@ -22,7 +22,7 @@ import numpy as np
 
 from kljax.models.transformer import positions_from_mask
 from kljax.rl.kl import KLConfig
-from kljax.sampling_logits import SamplingParams
+from kljax.sampling.logits import SamplingParams
 from kljax.studies.toy_tasks import ToyTask, exact_metrics, task_logps
 from kljax.train.rollout import assemble_batch
 from kljax.train.state import OptimConfig, TrainState, make_optimizer

@@ -20,8 +20,8 @@ N = `max_new_tokens`, V = vocab. Row r of every [R, ...] output belongs to promp
   correction needs. At temperature 1 with no truncation they equal teacher-forced log-probs
   (`response_logprobs`) to float32 rounding.
 
-The decode step itself lives in `kljax.sampling_step` (attention over the filled cache prefix only),
-the draw from each step's logits (and its log-prob and entropy) in `kljax.sampling_logits`.
+The decode step itself lives in `kljax.sampling.step` (attention over the filled cache prefix only),
+the draw from each step's logits (and its log-prob and entropy) in `kljax.sampling.logits`.
 """
 
 from __future__ import annotations
@@ -37,17 +37,17 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from kljax import sampling_step as step_lib
 from kljax import sharding as sharding_lib
 from kljax.models.config import ModelConfig
 from kljax.models.transformer import Params, positions_from_mask, token_logprobs
-from kljax.sampling_logits import (  # noqa: F401  (re-exported: the sampler's public API)
+from kljax.sampling import step as step_lib
+from kljax.sampling.logits import (  # noqa: F401  (re-exported: the sampler's public API)
     SamplingParams,
     sample_logits,
     sampling_entropy,
     sampling_logprobs,
 )
-from kljax.sampling_step import constrain_batch, prefill
+from kljax.sampling.step import constrain_batch, prefill
 
 DEFAULT_PROMPT_BUCKETS: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
@@ -81,7 +81,7 @@ class DecodeState:
     step: int32 [] tokens sampled so far; tokens_rn int32 [R, N]; logp_rn float32 [R, N];
     entropy_rn float32 [R, N] (None unless `SamplingParams.entropy`); done_r bool [R] (a stop token was
     sampled); positions_r int32 [R] (RoPE position of the last sampled token); cache: the KV cache
-    (see `kljax.sampling_step`); key: the PRNG key of the run.
+    (see `kljax.sampling.step`); key: the PRNG key of the run.
     """
 
     step: jax.Array
