@@ -2,7 +2,7 @@
 that was first taught 2-digit arithmetic by supervised fine-tuning (SFT), which is then also the frozen
 reference model pi_ref of the KL term.
 
-1. SFT warm start (`kljax.sft`, once per sweep directory, in SWEEP_DIR/sft): a 2-layer Llama-style
+1. SFT warm start (`kljax.train.sft`, once per sweep directory, in SWEEP_DIR/sft): a 2-layer Llama-style
    model (hidden 96) over a character tokenizer, SFT_STEPS steps of cross-entropy on the correct
    answers of `arithmetic:train` (raw prompts "What is 47 + 18?", target "65<eos>").
 2. RL from it (RLOO, group 4, 8 prompts per step, temperature 1) with each KL configuration:

@@ -4,7 +4,7 @@ A subcommand module provides `configure(parser: argparse.ArgumentParser) -> None
 `run(args: argparse.Namespace) -> int`. Heavy imports (torch, transformers) stay inside `run`, so
 `kljax --help` is fast. The table below is the only place that names them. Started from the
 command line, `kljax` re-executes itself once with glibc's huge-page malloc tunable set (about 17%
-faster train steps on CPU, see `kljax.hostmem`; KLJAX_HUGEPAGES=0 turns it off).
+faster train steps on CPU, see `kljax.kernels.cpu.hostmem`; KLJAX_HUGEPAGES=0 turns it off).
 """
 
 from __future__ import annotations
@@ -58,12 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run `kljax ARGV` (None: the command line, which first re-executes the process once with
-    glibc's huge-page malloc tunable when that applies, see `kljax.hostmem`)."""
-    from kljax.cpu_threads import ensure_collective_threads
+    glibc's huge-page malloc tunable when that applies, see `kljax.kernels.cpu.hostmem`)."""
+    from kljax.kernels.cpu.threads import ensure_collective_threads
 
-    ensure_collective_threads()  # simulated CPU devices: see kljax.cpu_threads
+    ensure_collective_threads()  # simulated CPU devices: see kljax.kernels.cpu.threads
     if argv is None:
-        from kljax.hostmem import reexec_with_malloc_tunables
+        from kljax.kernels.cpu.hostmem import reexec_with_malloc_tunables
 
         reexec_with_malloc_tunables(sys.argv[1:])
     parser = build_parser()

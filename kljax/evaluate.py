@@ -19,7 +19,7 @@ A split is out-of-domain when its name starts with "ood", or when it belongs to 
 the one the model was trained on (known for a `kljax train` workdir); otherwise in-domain.
 
 Models: "tiny" (random init, `config.model.tiny`), "default" (SmolLM2-135M-Instruct), a Hugging Face
-checkpoint directory (e.g. one written by `kljax.models.convert.export_hf`, or by `kljax.sft`), or a
+checkpoint directory (e.g. one written by `kljax.models.convert.export_hf`, or by `kljax.train.sft`), or a
 `kljax train` workdir's latest (or chosen) checkpoint, restored with `RunCheckpointer` (`restore_params`).
 """
 
@@ -152,7 +152,7 @@ def domain(split: Split, train_task: str | None = None) -> str:
 
 def make_mesh(config: ml_collections.ConfigDict) -> Any:
     """The run config's (data, fsdp, tensor) mesh; if it does not fit the devices here, all devices on fsdp."""
-    from kljax import sharding as shd
+    from kljax.parallel import sharding as shd
 
     try:
         return shd.make_mesh(int(config.mesh.data), int(config.mesh.fsdp), int(config.mesh.tensor))
@@ -174,8 +174,8 @@ def restore_params(workdir: str | Path, step: int | None = None, mesh: Any = Non
     `overrides` ("--config.field=value") change WORKDIR/config.json first (e.g. the mesh or dtype).
     The checkpoint tree is {"train": TrainState, "snapshots": [params] * rl.async_level}; the abstract
     target comes from `jax.eval_shape`, so nothing but the restored arrays is materialized."""
-    from kljax.checkpoint import RunCheckpointer
     from kljax.train import state as st
+    from kljax.train.checkpoint import RunCheckpointer
     from kljax.train.config import validate
 
     workdir = Path(workdir)

@@ -39,7 +39,7 @@ def workdir_hint(path: str | Path) -> str:
 
 
 def char_tokenizer_files(tokenizer: Any, out_dir: str | Path) -> Path:
-    """Save a `transformers` fast tokenizer with the ids of a `kljax.tokenizers.CharTokenizer`
+    """Save a `transformers` fast tokenizer with the ids of a `kljax.models.tokenizers.CharTokenizer`
     (<pad> 0, </s> 1, then one token per character of its alphabet)."""
     from tokenizers import Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast

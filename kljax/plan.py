@@ -224,7 +224,7 @@ def check_plan(config: ml_collections.ConfigDict, mesh_shape: tuple[int, int, in
                num_devices: int) -> tuple[Any, Any, str, tuple[int, int, int]]:
     """Validate the run config (its model resolved without weights) and the mesh against the devices,
     batch and heads: (settings, model config, model name, resolved mesh shape). Cheap; nothing compiles."""
-    from kljax.distributed import check_mesh
+    from kljax.parallel.distributed import check_mesh
     from kljax.train.config import validate
 
     model, name = resolve_model(config.model)
@@ -240,9 +240,9 @@ def make_plan(config: ml_collections.ConfigDict, mesh_shape: tuple[int, int, int
     """Compile the run's programs for `mesh_shape` over `devices` (default: all of this process's
     CPU devices) on abstract inputs and return the per-device memory plan."""
     from kljax import sampling
-    from kljax import sharding as shd
     from kljax.models import transformer as tfm
     from kljax.models.config import num_params
+    from kljax.parallel import sharding as shd
     from kljax.sampling import sampler
     from kljax.sampling.step import cache_bytes
     from kljax.train import state as st

@@ -19,7 +19,7 @@ import os
 import subprocess
 import sys
 
-from kljax.cpu_threads import without_forced_devices
+from kljax.kernels.cpu.threads import without_forced_devices
 
 ACCEPTS_CONFIG_OVERRIDES = True
 CHILD_ENV = "KLJAX_PLAN_CHILD"
@@ -43,7 +43,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _resolve(args: argparse.Namespace, config) -> tuple[tuple[int, int, int], int, object]:
-    from kljax.distributed import parse_mesh
+    from kljax.parallel.distributed import parse_mesh
     from kljax.plan import parse_chip
 
     if args.devices is not None and args.devices < 1:

@@ -9,7 +9,7 @@ A sweep config is a Python file whose `get_config()` returns a ConfigDict (or di
     beta            [beta, ...]; "none" runs once per variant/seed whatever the betas (beta is unused)
     seed            [seed, ...]
     variants        {name: ["field=value", ...]}, e.g. {"onpolicy": [], "async4": ["rl.async_level=4"]}
-    sft             optional `kljax.sft.SFTSettings` fields: train the reference model first, into
+    sft             optional `kljax.train.sft.SFTSettings` fields: train the reference model first, into
                     SWEEP_DIR/sft, and start every run from it (`model.source`)
 
 Each grid point runs `kljax.train.trainer.train` into SWEEP_DIR/runs/<name>/, with
@@ -272,7 +272,7 @@ def _with_sft(sweep: Sweep, out_dir: Path, progress: bool, log: Any) -> Sweep:
     point every run's model.source at it."""
     if not sweep.spec.get("sft"):
         return sweep
-    from kljax.sft import SFTSettings, sft_warm_start
+    from kljax.train.sft import SFTSettings, sft_warm_start
 
     sft_dir = (out_dir / "sft").resolve()
     log(f"sweep: supervised warm start of the reference model in {sft_dir}")
@@ -295,7 +295,7 @@ def _number(v: Any) -> float:
 
 def run_record(point: GridPoint, run_dir: Path) -> dict[str, Any]:
     """One run's entry of summary.json: grid coordinates, status, curves and evaluations."""
-    from kljax.metrics import read_jsonl
+    from kljax.train.metrics import read_jsonl
 
     record: dict[str, Any] = {**dataclasses.asdict(point), "overrides": list(point.overrides),
                               "status": "unsupported" if point.unsupported else run_status(run_dir)}

@@ -4,7 +4,7 @@
         --process-id 0 --workdir DIR --steps 5 --stop-after 3 --fsdp 2 --dump params.npz
 
 Sets the simulated CPU device count before JAX starts, joins the runtime through
-`kljax.distributed.initialize` (the function `kljax train` calls), runs `kljax.train.trainer.train`
+`kljax.parallel.distributed.initialize` (the function `kljax train` calls), runs `kljax.train.trainer.train`
 on the tiny config and, on process 0, writes the final parameters (gathered) to --dump.
 """
 
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     import jax
     import numpy as np
 
-    from kljax import distributed
+    from kljax.parallel import distributed
     from kljax.train.config import apply_overrides, load_config
     from kljax.train.trainer import train
 

@@ -93,10 +93,10 @@ def test_kljax_and_pytorch_updates_agree(tiny_model):
     """Same weights and batch: the same loss, gradient norm, and (after one AdamW step) the same loss again."""
     import jax
 
-    from kljax import sharding as shd
     from kljax.bench import common
     from kljax.bench.train import BETA, CLIP, ESTIMATOR, KljaxRLStep, make_batch
     from kljax.bench.train_peer import TorchRLStep
+    from kljax.parallel import sharding as shd
     from kljax.train.state import OptimConfig
 
     mesh = shd.make_mesh(1, 1, 1, devices=jax.devices()[:1])

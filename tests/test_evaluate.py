@@ -14,7 +14,7 @@ import pytest
 
 from kljax import evaluate as ev
 from kljax.cli import main as cli_main
-from kljax.tokenizers import DEFAULT_ALPHABET, CharTokenizer
+from kljax.models.tokenizers import DEFAULT_ALPHABET, CharTokenizer
 from kljax.train.config import apply_overrides, load_config
 from kljax.train.policy import Policy
 
@@ -62,7 +62,7 @@ def test_task_specs_and_domains():
 @pytest.fixture(scope="module")
 def sft_model(tmp_path_factory):
     """A tiny model taught repeat_digit by a short SFT, in memory and exported as a HF checkpoint dir."""
-    from kljax.sft import SFTSettings, export_char_model, train_sft
+    from kljax.train.sft import SFTSettings, export_char_model, train_sft
 
     settings = SFTSettings(task="repeat_digit", eval_splits="test", alphabet=DEFAULT_ALPHABET, hidden_size=32,
                            intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
@@ -75,8 +75,8 @@ def sft_model(tmp_path_factory):
 
 
 def test_eval_in_memory_equals_exported_hf_checkpoint(sft_model, tmp_path):
-    from kljax import sharding as shd
     from kljax.models import transformer as tfm
+    from kljax.parallel import sharding as shd
 
     params, config, model_dir = sft_model
     tok = CharTokenizer()
@@ -101,7 +101,7 @@ def test_eval_in_memory_equals_exported_hf_checkpoint(sft_model, tmp_path):
 
 def test_eval_cli_tiny_equals_its_export(tmp_path):
     """`--model tiny` (random init from configs/tiny.py) and `--model DIR` of its HF export agree."""
-    from kljax.sft import export_char_model
+    from kljax.train.sft import export_char_model
 
     run_config = load_config("configs/tiny.py")
     policy = ev.load_model(run_config, ev.make_mesh(run_config))

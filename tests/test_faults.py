@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import orbax.checkpoint as ocp
 
-from kljax.metrics import deterministic, read_jsonl
+from kljax.train.metrics import deterministic, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 8

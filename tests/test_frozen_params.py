@@ -12,10 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kljax import sharding as shd
 from kljax.models import transformer as tfm
 from kljax.models.convert import load_hf_checkpoint
 from kljax.models.tiny import TINY_FAMILIES, save_tiny_hf_model
+from kljax.parallel import sharding as shd
 from kljax.sampling import SamplingParams, generate
 
 

@@ -1,4 +1,4 @@
-"""`kljax.hostmem`: when the `kljax` command re-executes itself with glibc's huge-page malloc tunable."""
+"""`kljax.kernels.cpu.hostmem`: when the `kljax` command re-executes itself with glibc's huge-page malloc tunable."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from kljax import hostmem
-from kljax.hostmem import RETAIN_TUNABLES, TUNABLE, tuned_environment
+from kljax.kernels.cpu import hostmem
+from kljax.kernels.cpu.hostmem import RETAIN_TUNABLES, TUNABLE, tuned_environment
 
 GLIBC = (2, 36)
 

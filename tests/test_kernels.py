@@ -115,7 +115,7 @@ def test_plain_decode_path_equals_cpu_decode_layout(mesh_shape):
     tokens (greedy), sampler log-probs and entropies equal the CPU decode layout's, and the
     log-probs equal teacher-forced ones."""
     from kljax import sampling
-    from kljax import sharding as shd
+    from kljax.parallel import sharding as shd
 
     mesh = None if mesh_shape is None else shd.make_mesh(*mesh_shape)
     params = tfm.init_params(BASE, jax.random.PRNGKey(3), std=0.5)

@@ -6,8 +6,8 @@ import jax
 import numpy as np
 from jax._src import dispatch
 
-from kljax.metrics import read_jsonl
 from kljax.train.config import apply_overrides, load_config
+from kljax.train.metrics import read_jsonl
 from kljax.train.trainer import train
 
 MESH = ["--config.mesh.fsdp=4", "--config.mesh.tensor=2", "--config.eval_examples=8"]

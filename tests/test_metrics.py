@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kljax.metrics import MetricsWriter, deterministic, read_jsonl
+from kljax.train.metrics import MetricsWriter, deterministic, read_jsonl
 
 
 def test_partial_last_line_is_dropped_and_bad_lines_are_errors(tmp_path):

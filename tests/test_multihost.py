@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kljax import distributed
-from kljax.metrics import deterministic, read_jsonl
+from kljax.parallel import distributed
 from kljax.train.config import RLConfig
+from kljax.train.metrics import deterministic, read_jsonl
 
 WORKER = Path(__file__).with_name("_multihost_worker.py")
 TIMEOUT_S = 240  # per group of workers; a hung collective fails the test instead of blocking it

@@ -61,7 +61,7 @@ def test_unsupported_checkpoints_are_refused(tmp_path):
 
 
 def test_reward_model_with_functions_on_a_mesh(tmp_path):
-    from kljax import sharding as shd
+    from kljax.parallel import sharding as shd
 
     save_tiny_reward_model("qwen3", tmp_path / "rm")
     save_char_tokenizer(tmp_path / "rm", vocab_size=96)

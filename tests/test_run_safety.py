@@ -14,11 +14,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from kljax.checkpoint_integrity import damage
 from kljax.cli import main as cli_main
 from kljax.errors import UserError
-from kljax.metrics import read_jsonl
+from kljax.train.checkpoint_integrity import damage
 from kljax.train.config import apply_overrides, load_config
+from kljax.train.metrics import read_jsonl
 from kljax.train.trainer import train
 from kljax.train.workdir_lock import LOCK_NAME, WorkdirLock
 

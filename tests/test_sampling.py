@@ -12,10 +12,10 @@ pytest.importorskip("transformers")
 scipy_stats = pytest.importorskip("scipy.stats")
 
 from kljax import sampling  # noqa: E402
-from kljax import sharding as sharding_lib  # noqa: E402
 from kljax.models import transformer as tf  # noqa: E402
 from kljax.models.convert import load_hf_checkpoint  # noqa: E402
 from kljax.models.tiny import TINY_FAMILIES, save_tiny_hf_model  # noqa: E402
+from kljax.parallel import sharding as sharding_lib  # noqa: E402
 from kljax.sampling import (  # noqa: E402
     SamplingParams,
     bucket_length,

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from kljax import sharding
 from kljax.models import transformer as tf
+from kljax.parallel import sharding
 
 
 def test_mesh_sizes_fill_the_rest_and_errors_say_what_fits():

@@ -72,7 +72,7 @@ def test_prepare_decides_skip_resume_restart(tmp_path):
 
 
 def test_sft_directory_with_other_settings_is_refused(tmp_path):
-    from kljax.sft import SFT_SUMMARY, SFTSettings, sft_warm_start
+    from kljax.train.sft import SFT_SUMMARY, SFTSettings, sft_warm_start
 
     old = SFTSettings(steps=5)
     (tmp_path / SFT_SUMMARY).write_text(json.dumps({"settings": dataclasses.asdict(old)}))

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
+from kljax.models.tokenizers import CharTokenizer
 from kljax.tasks.files import FileTask, parse_path
 from kljax.tasks.from_config import check_prompts, task_from_config
 from kljax.tasks.prompting import ANSWER_FORMATS, SYSTEM_PROMPT
-from kljax.tokenizers import CharTokenizer
 from kljax.train.config import apply_overrides, load_config
 from kljax.train.rollout import prompt_texts
 

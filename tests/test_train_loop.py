@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from kljax.cli import main as cli_main
-from kljax.metrics import deterministic, read_jsonl
 from kljax.train.config import apply_overrides, load_config, validate
+from kljax.train.metrics import deterministic, read_jsonl
 from kljax.train.trainer import train
 
 # The tiny config sharded over the 8 simulated devices: fsdp=4 x tensor=2.

@@ -12,9 +12,9 @@ import numpy as np
 import optax
 import pytest
 
-from kljax import sharding as shd
 from kljax.models import transformer as tfm
 from kljax.models.config import ModelConfig
+from kljax.parallel import sharding as shd
 from kljax.rl import advantages as adv
 from kljax.rl.estimators import full_kl_from_logits
 from kljax.rl.kl import KLConfig, kl_terms

@@ -15,10 +15,10 @@ import pytest
 
 from kljax import evaluate as ev
 from kljax.cli import main as cli_main
-from kljax.metrics import deterministic, read_jsonl
 from kljax.models import transformer as tfm
-from kljax.tokenizers import CharTokenizer
+from kljax.models.tokenizers import CharTokenizer
 from kljax.train.config import apply_overrides, load_config
+from kljax.train.metrics import deterministic, read_jsonl
 from kljax.train.trainer import train
 
 REWARD = '''

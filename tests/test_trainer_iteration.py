@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kljax.metrics import deterministic, read_jsonl
 from kljax.rl import advantages as adv
 from kljax.train.config import apply_overrides, load_config, validate
+from kljax.train.metrics import deterministic, read_jsonl
 from kljax.train.trainer import build, iteration, train
 
 # The tiny config sharded over the 8 simulated devices: fsdp=4 x tensor=2.

@@ -165,7 +165,7 @@ def reset_peak_rss() -> bool:
 
 def machine_info(load_before: tuple[float, float, float] | None = None) -> dict[str, Any]:
     """Cores, platform, JAX backend and device kind, load averages (before the run and now), and the
-    glibc tunables both sides ran under (`kljax.hostmem`)."""
+    glibc tunables both sides ran under (`kljax.kernels.cpu.hostmem`)."""
     import jax
 
     device = jax.devices()[0]
@@ -317,10 +317,10 @@ def load_model(spec: str | None, *, export_for_peer: bool, mesh: Any = None, see
 
     import jax
 
-    from kljax import sharding as shd
     from kljax.models import transformer as tfm
     from kljax.models.config import ModelConfig
     from kljax.models.convert import export_hf
+    from kljax.parallel import sharding as shd
 
     name, hf = parse_random_spec(spec)
     config = ModelConfig.from_hf(hf, **runtime)

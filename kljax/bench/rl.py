@@ -71,7 +71,7 @@ from pathlib import Path
 from typing import Any
 
 from kljax.bench import common
-from kljax.cpu_threads import without_forced_devices
+from kljax.kernels.cpu.threads import without_forced_devices
 
 BETA = 0.04  # KL coefficient, k3 in the loss on both sides
 LEARNING_RATE = 1e-6
@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     summary["machine"] = {
         "cpu_count": os.cpu_count(), "cpus_used": settings["cpus"], "platform": platform.platform(),
         "python": platform.python_version(), "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-        "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),  # inherited by both sides (kljax.hostmem)
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),  # inherited by both sides (kljax.kernels.cpu.hostmem)
     }
     summary["wall_s"] = round(time.perf_counter() - t0, 1)
     print_table(summary)

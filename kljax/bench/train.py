@@ -118,8 +118,8 @@ class KljaxRLStep:
         import jax
         import jax.numpy as jnp
 
-        from kljax import sharding as shd
         from kljax.models import transformer as tfm
+        from kljax.parallel import sharding as shd
         from kljax.rl.kl import KLConfig
         from kljax.train import state as st
         from kljax.train.step import Batch, StepSettings, batch_shardings, train_step
@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     _validate(args)
     import jax
 
-    from kljax import sharding as shd
+    from kljax.parallel import sharding as shd
     from kljax.train.state import OptimConfig
 
     load_before = os.getloadavg()

@@ -34,7 +34,7 @@ def default_config_path() -> Path:
 
 def load_config(path: str | Path) -> ml_collections.ConfigDict:
     """Import an ml_collections config file by path and call its get_config()."""
-    from kljax.config_files import get_config_of
+    from kljax.train.config_files import get_config_of
 
     return get_config_of(path, hint=f" (try {DEFAULT_CONFIG})")
 

@@ -33,10 +33,10 @@ import jax
 import ml_dtypes
 import numpy as np
 
-from kljax import sharding as sharding_lib
 from kljax.errors import UserError, read_json
 from kljax.models.config import ModelConfig
 from kljax.models.transformer import Params, logical_axes, param_paths, param_shapes
+from kljax.parallel import sharding as sharding_lib
 
 _DTYPES = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
@@ -332,7 +332,7 @@ def load_hf_checkpoint(
     """Read a HF checkpoint directory into (params, config).
 
     `overrides` set run-time config fields (param_dtype, dtype, scan_layers, remat). With a `mesh`,
-    each parameter goes straight to its NamedSharding from `kljax.sharding.LOGICAL_RULES`.
+    each parameter goes straight to its NamedSharding from `kljax.parallel.sharding.LOGICAL_RULES`.
     """
     config = model_config_from_dir(model_dir, **overrides)
     files = open_checkpoint(model_dir)

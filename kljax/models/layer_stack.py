@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from kljax.models.config import ModelConfig
-from kljax.sharding import constrain_batch
+from kljax.parallel.sharding import constrain_batch
 
 Params = Any
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import jax
 
-from kljax import sharding as sharding_lib
 from kljax.errors import UserError
 from kljax.models.config import ModelConfig
 from kljax.models.convert import TOKENIZER_FILES, model_config_from_dir
 from kljax.models.transformer import Params, logical_axes, param_shapes
+from kljax.parallel import sharding as sharding_lib
 
 
 def is_orbax_model(model_dir: str | os.PathLike) -> bool:

@@ -20,10 +20,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kljax import sharding as sharding_lib
 from kljax.models import transformer as tfm
 from kljax.models.config import ModelConfig
 from kljax.models.convert import IGNORED_KEYS, RULES, hf_shape, open_checkpoint, read_hf_config, to_kljax
+from kljax.parallel import sharding as sharding_lib
 
 SEQUENCE_CLASSIFIERS = {
     "LlamaForSequenceClassification": "LlamaForCausalLM",

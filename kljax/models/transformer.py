@@ -51,7 +51,7 @@ from jax.sharding import PartitionSpec
 from kljax.models.config import ModelConfig
 from kljax.models.layers import attention, project, rms_norm, rope_cs
 from kljax.models.vocab_logprobs import vocab_logits, vocab_logprobs
-from kljax.sharding import constrain_batch
+from kljax.parallel.sharding import constrain_batch
 
 Params = dict[str, Any]
 

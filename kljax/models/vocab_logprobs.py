@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from kljax.kernels.cpu.matmul import row_major
-from kljax.sharding import on_one_cpu_device
+from kljax.parallel.sharding import on_one_cpu_device
 
 CPU_ROW_BLOCK = 128  # rows per block of the vocabulary reductions on CPU (cache-sized: 128 x V float32)
 

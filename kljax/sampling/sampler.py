@@ -37,9 +37,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from kljax import sharding as sharding_lib
 from kljax.models.config import ModelConfig
 from kljax.models.transformer import Params, positions_from_mask, token_logprobs
+from kljax.parallel import sharding as sharding_lib
 from kljax.sampling import step as step_lib
 from kljax.sampling.logits import (  # noqa: F401  (re-exported: the sampler's public API)
     SamplingParams,

@@ -20,7 +20,7 @@ def plot_run(workdir: str | Path, keys: tuple[str, ...] = DEFAULT_KEYS, out: str
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from kljax.metrics import read_jsonl
+    from kljax.train.metrics import read_jsonl
 
     workdir = Path(workdir)
     rows = read_jsonl(workdir / "metrics.jsonl")

@@ -2,7 +2,7 @@
 
 Multi-host: the same command on every host, with `--coordinator HOST:PORT --num-processes N
 --process-id I` (or KLJAX_COORDINATOR / KLJAX_NUM_PROCESSES / KLJAX_PROCESS_ID); on TPU VM pods and
-under SLURM no flags are needed (see `kljax.distributed`).
+under SLURM no flags are needed (see `kljax.parallel.distributed`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kljax import distributed
+    from kljax.parallel import distributed
     from kljax.train.config import apply_overrides, load_config
     from kljax.train.trainer import NonFiniteError, train
 

@@ -100,7 +100,7 @@ class RunSettings:
 
 def load_config(path: str | os.PathLike | None = None) -> ml_collections.ConfigDict:
     """`get_config()` of a config file (default: configs/default.py)."""
-    from kljax.config_files import get_config_of
+    from kljax.train.config_files import get_config_of
 
     return get_config_of(Path(path) if path else DEFAULT_CONFIG)  # configs import kljax_base.py beside them
 

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 from kljax import sampling
-from kljax.distributed import gather
+from kljax.parallel.distributed import gather
 from kljax.tasks.rewards import score_batch
 from kljax.train.rollout import decode_responses, encode_prompts, prompt_texts
 

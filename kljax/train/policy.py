@@ -15,10 +15,10 @@ from typing import Any
 import jax
 import ml_collections
 
-from kljax import sharding as shd
 from kljax.models import transformer as tfm
 from kljax.models.config import ModelConfig
-from kljax.tokenizers import CharTokenizer
+from kljax.models.tokenizers import CharTokenizer
+from kljax.parallel import sharding as shd
 
 
 @dataclasses.dataclass

@@ -17,7 +17,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from kljax.sharding import data_sharding
+from kljax.parallel.sharding import data_sharding
 from kljax.tasks.base import Task
 from kljax.tasks.prompting import has_chat_template
 from kljax.train.reward_set import RewardSet

@@ -9,7 +9,7 @@
 
 Multi-host: every process tokenizes the step's prompts (the same host data, so the prompt bucket
 agrees) and the sampler places only each process's shards; each process then decodes and rewards
-only the samples on its own devices (`kljax.distributed.local_rows`), and the rewards re-enter the
+only the samples on its own devices (`kljax.parallel.distributed.local_rows`), and the rewards re-enter the
 mesh as one global array built from those rows.
 
 Prompt and response buffers have fixed sizes (rl.max_prompt_len, rl.max_new_tokens), so neither
@@ -28,11 +28,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from kljax import sampling
-from kljax.distributed import global_from_local_rows, local_rows
 from kljax.models.policy_api import as_policy
+from kljax.parallel.distributed import global_from_local_rows, local_rows
+from kljax.parallel.sharding import data_sharding
 from kljax.rl.kl import KLConfig
 from kljax.rl.objective import advantages_with_kl
-from kljax.sharding import data_sharding
 from kljax.tasks.base import Example, Task
 from kljax.tasks.prompting import SYSTEM_PROMPT, build_messages, render_messages
 from kljax.tasks.rewards import score_batch

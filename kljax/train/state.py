@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from kljax import sharding as shd
 from kljax.models import transformer as tfm
 from kljax.models.config import ModelConfig
+from kljax.parallel import sharding as shd
 
 Params = Any
 

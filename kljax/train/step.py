@@ -21,9 +21,9 @@ import jax.numpy as jnp
 import optax
 
 from kljax.models.policy_api import PolicyModel, as_policy
+from kljax.parallel.sharding import constrain_batch
 from kljax.rl import objective as obj
 from kljax.rl.kl import KL_METRICS, KLConfig, kl_metric_sums, kl_metrics_from_sums
-from kljax.sharding import constrain_batch
 from kljax.train.optimizer_step import (
     LAYERS,
     join_layers,
@@ -127,7 +127,7 @@ def score(
 
 def batch_shardings(batch: Batch, mesh: Any) -> Batch:
     """Per-field shardings: sequences split over the (data, fsdp) axes, the scalar beta replicated."""
-    from kljax import sharding as shd
+    from kljax.parallel import sharding as shd
 
     return jax.tree.map(lambda x: shd.data_sharding(mesh, x.ndim) if x.ndim else shd.replicated(mesh), batch)
 
@@ -299,6 +299,6 @@ def train_step(
 @jax.jit
 def batch_kl_metrics(scored: dict[str, Array], mask_br: Array) -> dict[str, Array]:
     """k1/k2/k3 means, sequence KL, entropy and response length of a scored batch. One compiled
-    program, not a dozen eager sharded ops (see `kljax.cpu_threads` for what many of those can do)."""
+    program, not a dozen eager sharded ops (see `kljax.kernels.cpu.threads` for what many of those can do)."""
     sums = _batch_metric_sums(scored["logp"], scored["ref_logp"], scored["entropy"], mask_br)
     return _batch_metrics_from_sums(sums, mask_br)

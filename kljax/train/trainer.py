@@ -10,7 +10,7 @@ Everything a run writes goes under WORKDIR: checkpoints/, metrics.jsonl, tb/, ev
 eval_after.json, eval_step_N.json (config.eval_every), samples.jsonl (config.log_samples_every),
 config.json; the JSON holds null, never NaN (`run_logs`).
 
-Multi-host (`kljax.distributed`): every process runs this loop on the global mesh; checkpoints are
+Multi-host (`kljax.parallel.distributed`): every process runs this loop on the global mesh; checkpoints are
 written by all processes together, files and the progress bar by process 0 only.
 """
 
@@ -33,19 +33,19 @@ import jax.numpy as jnp
 import ml_collections
 from tqdm.auto import tqdm
 
-from kljax import distributed
-from kljax import sharding as shd
-from kljax.checkpoint import RunCheckpointer
 from kljax.errors import UserError
-from kljax.metrics import MetricsWriter, to_python
 from kljax.models import transformer as tfm
+from kljax.parallel import distributed
+from kljax.parallel import sharding as shd
 from kljax.rl.describe import RunObjective, warn_if_biased
 from kljax.rl.kl import adapt_beta
 from kljax.tasks.base import Example
 from kljax.train import run_logs
 from kljax.train import state as st
+from kljax.train.checkpoint import RunCheckpointer
 from kljax.train.config import RunSettings, check_against_model, validate
 from kljax.train.evaluate_loop import evaluate_splits
+from kljax.train.metrics import MetricsWriter, to_python
 from kljax.train.policy import Policy, load_policy
 from kljax.train.resume_check import check_resume_workdir
 from kljax.train.rollout import RolloutInfo, policy_scored_in_update, rollout, sampler_is_policy

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from kljax.kernels.cpu.matmul import row_major
-from kljax.sharding import on_one_cpu_device
+from kljax.parallel.sharding import on_one_cpu_device
 
 NEG = -1e30
 CPU_SCORES_BLOCK = 1 << 21  # float32 score elements per block of batch rows on CPU (8 MB)

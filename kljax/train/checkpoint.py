@@ -16,8 +16,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from kljax.checkpoint_integrity import damage, write_checksums
 from kljax.errors import UserError
+from kljax.train.checkpoint_integrity import damage, write_checksums
 
 
 def _abstract(tree: Any, shardings: Any) -> Any:
@@ -46,7 +46,7 @@ class RunCheckpointer:
 
     def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
         """Write checkpoint `step` (blocking: when this returns the checkpoint is complete), then its
-        checksums.json (`kljax.checkpoint_integrity`, by process 0)."""
+        checksums.json (`kljax.train.checkpoint_integrity`, by process 0)."""
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
         self._manager.save(step, args=args, force=True)
         self._manager.wait_until_finished()

@@ -7,7 +7,7 @@
 
 Every process runs the same program. The mesh spans `jax.devices()` (all hosts); jitted functions
 take and return global `jax.Array`s. Host data enters the mesh either as the same array on every
-process (`kljax.sharding.device_put_host`: each process copies only its own shards) or as each
+process (`kljax.parallel.sharding.device_put_host`: each process copies only its own shards) or as each
 process's own rows (`global_from_local_rows`). `local_rows` is the way back: the rows of a
 batch-sharded global array that live on this process, e.g. to compute rewards on the samples this
 host drew. Checkpoints are written by all processes together (orbax); logs and metrics by process 0.
@@ -275,7 +275,7 @@ def check_mesh(mesh_shape: Sequence[int], num_devices: int, rl: Any, model: Any 
     attention heads, so it must divide num_heads; KV heads that it does not divide are replicated
     (a warning: correct, but memory is spent on copies).
     """
-    from kljax.sharding import resolve_mesh_shape
+    from kljax.parallel.sharding import resolve_mesh_shape
 
     batches = [int(rl.prompts_per_step), int(rl.batch_size) // int(rl.micro_batches)]
     heads = None if model is None else int(model.num_heads)

@@ -12,7 +12,7 @@ computed with the trainer's own `response_logprobs` (the same sequence layout th
 minimized with AdamW (linear warmup, cosine decay, global-norm clipping at 1).
 
 The result is written as a Hugging Face checkpoint directory (`export_hf`) together with a Hugging
-Face fast tokenizer that encodes exactly like `kljax.tokenizers.CharTokenizer` (0 = pad, 1 = EOS,
+Face fast tokenizer that encodes exactly like `kljax.models.tokenizers.CharTokenizer` (0 = pad, 1 = EOS,
 then one id per character), so `config.model.source = OUT_DIR` makes it both the RL policy's start
 and its frozen reference; OUT_DIR/sft.json holds the loss curve and the greedy accuracy per split.
 A directory that already has sft.json is reused as is (sweeps call this once per invocation).
@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from kljax.models import transformer as tfm
 from kljax.models.config import ModelConfig
-from kljax.tokenizers import DEFAULT_ALPHABET, CharTokenizer
+from kljax.models.tokenizers import DEFAULT_ALPHABET, CharTokenizer
 
 # Every character of the arithmetic task's raw prompts ("What is 12 + 34?") and answers.
 ARITHMETIC_ALPHABET = DEFAULT_ALPHABET + "/Whatis"
