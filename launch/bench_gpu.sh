@@ -101,7 +101,7 @@ echo "bench_gpu.sh: chip '${GPU_NAME:-none}', bf16 peak ${PEAK:-unknown (measure
 FLAGS_FILE="$OUT/.bench_flags"
 python3 - "$FLAGS_FILE" <<'PY' || true
 import argparse, importlib, sys
-from kljax.bench.cli import BENCHMARKS
+from benchmarks.cli import BENCHMARKS
 with open(sys.argv[1], "w") as out:
     for name, (module, _) in BENCHMARKS.items():
         try:

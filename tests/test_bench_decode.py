@@ -46,7 +46,7 @@ def test_bench_decode_writes_speeds_and_ratio(tmp_path, capsys):
 
 
 def test_sample_flops_counts_prefill_once_and_the_head_per_generated_token():
-    from kljax.bench import common
+    from benchmarks import common
 
     n_body, n_head = common.body_and_head_params(1000, vocab_size=10, hidden_size=5, tied=True)
     assert (n_body, n_head) == (950, 50)
@@ -67,7 +67,7 @@ def test_bench_decode_rejects_bad_modes(tmp_path, cli_user_error):
 def test_matmul_floor_times_every_weight_matmul_of_the_model():
     """The floors' per-layer shapes hold exactly the model's non-embedding matmul weights (the
     N of `common.train_flops`), for grouped-query attention with a head_dim of its own."""
-    from kljax.bench import common
+    from benchmarks import common
     from kljax.models import known_configs
     from kljax.models.config import ModelConfig
 

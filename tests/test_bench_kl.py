@@ -7,8 +7,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from kljax.bench import kl_cases  # noqa: E402
-from kljax.bench.kl import CASES  # noqa: E402
+from benchmarks import kl_cases  # noqa: E402
+from benchmarks.kl import CASES  # noqa: E402
 from kljax.cli import main  # noqa: E402
 
 TINY = ["--batch", "3", "--seq-len", "16", "--iters", "2", "--full-batch", "2", "--full-len", "8", "--full-chunk", "3",

@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from kljax.bench.rl import save_char_tokenizer  # noqa: E402
+from benchmarks.rl import save_char_tokenizer  # noqa: E402
 from kljax.cli import main  # noqa: E402
 from kljax.models.tiny import save_tiny_hf_model  # noqa: E402
 

@@ -55,7 +55,7 @@ def test_kernel_usage_counts_the_page_faults_of_fresh_memory():
     time) faults in at least a page per 2 MiB, more than a run that allocates nothing."""
     import numpy as np
 
-    from kljax.bench import common
+    from benchmarks import common
 
     fresh = common.kernel_usage(lambda: np.ones(16 << 20, np.float32).sum(), 3)
     idle = common.kernel_usage(lambda: None, 3)
@@ -93,9 +93,9 @@ def test_kljax_and_pytorch_updates_agree(tiny_model):
     """Same weights and batch: the same loss, gradient norm, and (after one AdamW step) the same loss again."""
     import jax
 
-    from kljax.bench import common
-    from kljax.bench.train import BETA, CLIP, ESTIMATOR, KljaxRLStep, make_batch
-    from kljax.bench.train_peer import TorchRLStep
+    from benchmarks import common
+    from benchmarks.train import BETA, CLIP, ESTIMATOR, KljaxRLStep, make_batch
+    from benchmarks.train_peer import TorchRLStep
     from kljax.parallel import sharding as shd
     from kljax.train.state import OptimConfig
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 import jax
 import pytest
 
-from kljax.bias import catalog
-from kljax.bias.engine import Engine
-from kljax.bias.gradients import stats_from_moments
-from kljax.bias.policies import TabularPolicy, TransformerPolicy
-from kljax.bias.setting import make_setting
 from kljax.rl.kl import KLConfig
 from kljax.rl.kl_describe import describe
+from kljax.studies.bias import catalog
+from kljax.studies.bias.engine import Engine
+from kljax.studies.bias.gradients import stats_from_moments
+from kljax.studies.bias.policies import TabularPolicy, TransformerPolicy
+from kljax.studies.bias.setting import make_setting
 
 CONFIGS = catalog.preset_configs()
 EXTRA = (

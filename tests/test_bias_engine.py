@@ -1,4 +1,4 @@
-"""The bias-study engine against first principles: kljax.bias.exact's expected gradients, brute-force
+"""The bias-study engine against first principles: kljax.studies.bias.exact's expected gradients, brute-force
 per-sequence Jacobians for the variance, the tiny transformer's causality, the sampler's
 distribution, the length mask, and the stale-sampler history."""
 
@@ -9,15 +9,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kljax.bias import catalog, exact
-from kljax.bias.engine import Engine
-from kljax.bias.gradients import stats_from_moments
-from kljax.bias.montecarlo import sample_jit
-from kljax.bias.policies import Behaviour, TabularPolicy, TransformerPolicy, enumerate_sequences, sequence_logps
-from kljax.bias.setting import make_setting
-from kljax.bias.tabular import TabularSpace
 from kljax.rl import estimators as est
 from kljax.rl.objective import kl_surrogate
+from kljax.studies.bias import catalog, exact
+from kljax.studies.bias.engine import Engine
+from kljax.studies.bias.gradients import stats_from_moments
+from kljax.studies.bias.montecarlo import sample_jit
+from kljax.studies.bias.policies import Behaviour, TabularPolicy, TransformerPolicy, enumerate_sequences, sequence_logps
+from kljax.studies.bias.setting import make_setting
+from kljax.studies.bias.tabular import TabularSpace
 
 CONFIGS = catalog.preset_configs()
 TINY_TRANSFORMER = TransformerPolicy(2, 3, n_layers=1)
@@ -68,7 +68,7 @@ def per_sequence_jacobians(setting, configs, behaviour_params):
 
 @pytest.mark.parametrize("stale", [0, 4])
 def test_engine_matches_exact_module(tabular, stale):
-    """Expected gradients equal kljax.bias.exact.exact_gradient for every preset, on- and off-policy."""
+    """Expected gradients equal kljax.studies.bias.exact.exact_gradient for every preset, on- and off-policy."""
     setting, engine = tabular
     with jax.enable_x64(True):
         enum = exact.Enumeration.of(TabularSpace(3, 3))

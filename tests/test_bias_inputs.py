@@ -9,10 +9,10 @@ import jax
 import pytest
 
 from kljax import cli
-from kljax.bias import catalog, policies, study
-from kljax.bias.engine import Engine
-from kljax.bias.montecarlo import monte_carlo
-from kljax.bias.setting import make_setting
+from kljax.studies.bias import catalog, policies, study
+from kljax.studies.bias.engine import Engine
+from kljax.studies.bias.montecarlo import monte_carlo
+from kljax.studies.bias.setting import make_setting
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,19 +7,19 @@ import jax
 import numpy as np
 import pytest
 
-from kljax.bias import catalog
-from kljax.bias.engine import Engine
-from kljax.bias.gradients import stats_from_moments
-from kljax.bias.montecarlo import monte_carlo
-from kljax.bias.policies import (
+from kljax.studies.bias import catalog
+from kljax.studies.bias.engine import Engine
+from kljax.studies.bias.gradients import stats_from_moments
+from kljax.studies.bias.montecarlo import monte_carlo
+from kljax.studies.bias.policies import (
     TabularPolicy,
     TransformerPolicy,
     enumerate_sequences,
     prefix_ids_array,
     sequence_logps,
 )
-from kljax.bias.setting import make_setting
-from kljax.bias.tabular import TabularSpace
+from kljax.studies.bias.setting import make_setting
+from kljax.studies.bias.tabular import TabularSpace
 
 CONFIGS = catalog.preset_configs()
 CHECKED = [

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from kljax.cli import build_parser, main
+from kljax.cli.converge_study import build_config
 from kljax.rl.kl import KLConfig
 from kljax.studies.converge import RunSettings, train_runs
-from kljax.studies.converge_cli import build_config
 from kljax.studies.fixed_point import find_fixed_points
 from kljax.studies.study import StudyConfig
 from kljax.studies.toy_tasks import exact_metrics, make_task, objective, optimal_logp, task_logps

@@ -12,9 +12,9 @@ import jax
 import numpy as np
 import pytest
 
-from kljax import evaluate as ev
 from kljax.cli import main as cli_main
 from kljax.models.tokenizers import DEFAULT_ALPHABET, CharTokenizer
+from kljax.studies import evaluate as ev
 from kljax.train.config import apply_overrides, load_config
 from kljax.train.policy import Policy
 

@@ -16,13 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kljax.bias import exact
-from kljax.bias.tabular import TabularSpace, init_logits
 from kljax.rl import kl_describe as words
 from kljax.rl.kl import KLConfig
 from kljax.rl.kl_describe import describe
 from kljax.rl.kl_table import PRESETS
 from kljax.rl.objective import kl_surrogate
+from kljax.studies.bias import exact
+from kljax.studies.bias.tabular import TabularSpace, init_logits
 
 TOL = 1e-9
 
@@ -180,8 +180,8 @@ def test_rao_blackwellized_has_lower_variance(setting):
             def f(t):
                 full = None
                 if config.estimator == "full":
-                    from kljax.bias.tabular import step_logits
                     from kljax.rl.estimators import full_kl_from_logits
+                    from kljax.studies.bias.tabular import step_logits
 
                     full = full_kl_from_logits(step_logits(t, enum.ids_nt), step_logits(ref, enum.ids_nt))
                 return kl_surrogate(config, enum.logps(t), enum.logps(ref), enum.mask_nt, None, full)

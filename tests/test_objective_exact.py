@@ -2,7 +2,7 @@
 
 Every batch (one group per prompt, variable-length responses with a stop token) is enumerated
 exactly on a tabular policy and driven through `step.score`, the rollout's `assemble_batch` and
-`step.train_step` (SGD lr 1, PPO clip 0.2), in float64 (`kljax.bias.through_trainer`). For every
+`step.train_step` (SGD lr 1, PPO clip 0.2), in float64 (`kljax.studies.bias.through_trainer`). For every
 preset x aggregation x advantage, on-policy and with a stale sampler, with and without a task
 reward, the expected update E[g] is checked against grad(-J):
   unbiased: ||E[g] - grad(-J)|| <= 1e-6 ||grad(-J)||;
@@ -20,10 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kljax.bias.through_trainer import Space, expected_update, true_gradient
 from kljax.rl.describe import RunObjective, describe_objective
 from kljax.rl.kl_table import PRESETS
 from kljax.rl.objective import AGGREGATIONS, DEFAULT_AGGREGATION
+from kljax.studies.bias.through_trainer import Space, expected_update, true_gradient
 from kljax.train.step import StepSettings
 
 BETA = 0.5

@@ -12,9 +12,9 @@ import json
 import jax
 import pytest
 
-from kljax import plan as plan_lib
 from kljax.cli import main as cli_main
 from kljax.models.config import num_params
+from kljax.studies import plan as plan_lib
 from kljax.train.config import apply_overrides, load_config
 
 ONE_B = {  # TinyLlama-1.1B's configuration

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from kljax.bench.rl import save_char_tokenizer  # noqa: E402
+from benchmarks.rl import save_char_tokenizer  # noqa: E402
 from kljax.models.reward_model import load_reward_model, reward_scores  # noqa: E402
 from kljax.models.tiny import TINY_FAMILIES  # noqa: E402
 from kljax.tasks import get_task  # noqa: E402

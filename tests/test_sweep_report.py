@@ -11,8 +11,8 @@ import os
 import pytest
 
 from kljax.cli import main as cli_main
-from kljax.report import InstabilityRule, instability
-from kljax.sweep import _prepare, load_sweep, run_sweep
+from kljax.studies.report import InstabilityRule, instability
+from kljax.studies.sweep import _prepare, load_sweep, run_sweep
 
 # The tiny config sharded over the 8 simulated devices (tests/conftest.py).
 MESH = ["--config.mesh.data=1", "--config.mesh.fsdp=4", "--config.mesh.tensor=2"]

@@ -150,7 +150,7 @@ def test_check_uses_the_answer_column(tmp_path):
 
 
 def test_eval_uses_the_runs_own_task_as_configured(tmp_path):
-    from kljax.eval_tasks import splits_for
+    from kljax.studies.eval_tasks import splits_for
 
     splits = splits_for(config(system_prompt=""))
     assert [s.spec for s in splits] == ["repeat_digit:test"] and splits[0].task.system_prompt is None

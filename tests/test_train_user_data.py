@@ -13,10 +13,10 @@ import jax
 import numpy as np
 import pytest
 
-from kljax import evaluate as ev
 from kljax.cli import main as cli_main
 from kljax.models import transformer as tfm
 from kljax.models.tokenizers import CharTokenizer
+from kljax.studies import evaluate as ev
 from kljax.train.config import apply_overrides, load_config
 from kljax.train.metrics import deterministic, read_jsonl
 from kljax.train.trainer import train
@@ -46,7 +46,7 @@ def user_run(tmp_path, reward_model=False):
 
 def save_reward_model(path):
     pytest.importorskip("torch")
-    from kljax.bench.rl import save_char_tokenizer
+    from benchmarks.rl import save_char_tokenizer
     from tests.test_reward_model import save_tiny_reward_model
 
     save_tiny_reward_model("llama3", path)
@@ -87,7 +87,7 @@ def test_what_the_run_writes(full_run):
 
 
 def test_plot_run_shows_kl_configuration_beta_and_evaluations(full_run):
-    from kljax.train.cli_plot import eval_points, plot_run, run_title
+    from kljax.cli.plot_run import eval_points, plot_run, run_title
 
     full = full_run[2]
     kl = json.loads((full / "config.json").read_text())["kl"]

@@ -40,8 +40,8 @@ def prompt_texts_for(config: ml_collections.ConfigDict, tokenizer: Any, prompts:
 
 def run_checkpoint(args: argparse.Namespace) -> int:
     """Print the greedy completion of each --prompt by WORKDIR's checkpoint (--step, default latest)."""
-    from kljax import evaluate as ev
     from kljax.sampling import greedy_continuations
+    from kljax.studies import evaluate as ev
 
     params, policy, config, step = ev.restore_params(args.checkpoint, args.step)
     texts = prompt_texts_for(config, policy.tokenizer, list(args.prompt))

@@ -1,18 +1,13 @@
-"""The KL configurations as ready presets, and the `kljax kl-configs` command: each preset's
-expected gradient under a run's aggregation, advantage and sampler staleness (`kljax.rl.describe`)."""
+"""The KL configurations as ready presets, and `table_rows`: each preset's expected gradient under a
+run's aggregation, advantage and sampler staleness (`kljax.rl.describe`). `kljax kl-configs` prints it."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 
-from kljax.rl.advantages import METHODS, MIN_GROUP
 from kljax.rl.audit import with_users
 from kljax.rl.describe import RunObjective, describe_objective
 from kljax.rl.kl import KLConfig
-from kljax.rl.objective import AGGREGATIONS, DEFAULT_AGGREGATION
-from kljax.train.config import RLConfig
 
 _S = KLConfig
 # (preset, what it is); `kljax.rl.audit.with_users` appends the peer trainers' settings that give it,
@@ -71,40 +66,3 @@ def table_rows(run: RunObjective | None = None) -> list[dict]:
             }
         )
     return rows
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print a JSON list of objects instead of a table")
-    parser.add_argument("--aggregation", default=DEFAULT_AGGREGATION, choices=AGGREGATIONS,
-                        help="rl.loss_aggregation the verdicts are for (default: %(default)s, the default run's)")
-    parser.add_argument("--advantage", default="rloo", choices=METHODS, help="rl.advantage (default: %(default)s)")
-    parser.add_argument("--group-size", type=int, default=RLConfig.group_size,
-                        help="rl.group_size (default: %(default)s)")
-    parser.add_argument("--max-new-tokens", type=int, default=RLConfig.max_new_tokens,
-                        help="rl.max_new_tokens, the seq-mean-token-sum-norm normalizer (default: %(default)s)")
-    parser.add_argument("--async-level", type=int, default=0, help="rl.async_level: stale samplers (default: 0)")
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.group_size < MIN_GROUP[args.advantage]:
-        raise ValueError(f"--group-size={args.group_size}: advantage {args.advantage!r} needs >= "
-                         f"{MIN_GROUP[args.advantage]}")
-    for name in ("max_new_tokens", "async_level"):
-        if getattr(args, name) < (1 if name == "max_new_tokens" else 0):
-            raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} is out of range")
-    objective = RunObjective(KLConfig(), args.aggregation, args.advantage, args.group_size,
-                             async_level=args.async_level, max_new_tokens=args.max_new_tokens)
-    rows = table_rows(objective)
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    width = max(len(r["name"]) for r in rows)
-    print(f"objective: loss_aggregation={args.aggregation}, advantage={args.advantage}, group_size={args.group_size}, "
-          f"max_new_tokens={args.max_new_tokens}, async_level={args.async_level}")
-    print("J = E[R] - beta KL_seq; 'gradient' is E[-grad loss], the direction the trainer moves in on average")
-    print(f"{'name':<{width}}  verdict   expected gradient of the whole objective")
-    for r in rows:
-        print(f"{r['name']:<{width}}  {r['verdict']:<8}  {r['gradient']}")
-        print(f"{'':<{width}}  {'':<8}  KL part: {r['kl_gradient']}")
-        print(f"{'':<{width}}  {'':<8}  ({r['note']}; off-policy: {r['off_policy_note']})")
-    return 0

@@ -1,0 +1,104 @@
+"""The kljax side of `kljax bench rl` (run in its own process): the real trainer (`trainer.build`,
+then `trainer.iteration`, the loop body of `kljax train`) configured to match TRL's side, timed per
+iteration with its sample / reward / score / update split and its XLA compile time apart.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from benchmarks import common
+from benchmarks.rl import BETA, CLIP, LEARNING_RATE, SPLIT, TASK, iteration_prompts, side_result
+
+
+def kljax_config(settings: dict[str, Any], prompt_format: str, max_prompt_len: int) -> Any:
+    from kljax.train.config import load_config
+
+    c = load_config()  # configs/default.py, then the benchmark's matched settings
+    c.seed = settings["seed"]
+    c.model.source = settings["model_dir"]
+    c.task.name, c.task.split, c.task.prompt_format = TASK, SPLIT, prompt_format
+    c.task.answer_format = "answer_line"  # as `iteration_prompts`, so both sides get the same prompt texts
+    c.kl.estimator, c.kl.placement, c.kl.beta = "k3", "loss", BETA
+    c.rl.advantage, c.rl.group_size, c.rl.prompts_per_step = "grpo", settings["group"], settings["prompts"]
+    c.rl.max_prompt_len, c.rl.max_new_tokens = max_prompt_len, settings["new_tokens"]
+    c.rl.temperature, c.rl.top_p, c.rl.top_k = settings["temperature"], 1.0, 0
+    c.rl.loss_aggregation, c.rl.clip_low, c.rl.clip_high = "seq-mean-token-mean", CLIP, None
+    c.rl.updates_per_batch, c.rl.async_level, c.rl.micro_batches = 1, 0, settings["micro_batches"]
+    c.optim.learning_rate, c.optim.schedule, c.optim.max_grad_norm = LEARNING_RATE, "constant", 1.0
+    c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
+    c.model.remat = "full" if settings["gradient_checkpointing"] else "none"
+    c.model.dtype, c.model.param_dtype = settings["dtype"], "float32"
+    c.model.scan_layers = settings["scan_layers"]
+    return c
+
+
+def kljax_side(settings: dict[str, Any]) -> dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+
+    jax.config.update("jax_enable_compilation_cache", False)  # report cold compile times
+    from transformers import AutoTokenizer
+
+    from kljax.train.config import validate
+    from kljax.train.trainer import build, host_memory_mb
+    from kljax.train.trainer import iteration as trainer_iteration
+
+    compiles = common.CompileTimer()
+    t_setup = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(settings["model_dir"])
+    _, fmt, examples, texts = iteration_prompts(settings, tokenizer)  # run.task renders the texts the same way
+    longest = max(len(tokenizer.encode(t, add_special_tokens=False)) for step in texts for t in step)
+    rs = validate(kljax_config(settings, fmt, longest))
+    run, state, ref_params = build(rs)
+    jax.block_until_ready((state, ref_params))
+    setup_s = time.perf_counter() - t_setup
+    rss_setup = common.peak_rss_mb()
+    m = run.policy.model
+    params = common.body_and_head_params(sum(x.size for x in jax.tree.leaves(state.params)), m.vocab_size,
+                                         m.hidden_size, m.tie_embeddings)
+
+    beta = float(rs.kl.beta)
+
+    def iteration(state: Any, step: int) -> tuple[Any, dict[str, float], dict[str, float]]:
+        """`trainer.iteration` (the loop body of `kljax train`) on the prompts the peer also gets, timed."""
+        nonlocal beta
+        t0, c0 = time.perf_counter(), time.process_time()
+        it = trainer_iteration(run, state, ref_params, step, beta=beta, examples=examples[step])
+        total, cpu = time.perf_counter() - t0, time.process_time() - c0
+        beta, row, batch = it.beta, it.row, it.batch
+        split = {"sample": row["time_sample"], "reward": row["time_reward"], "score": row["time_score"],
+                 "update": row["time_update"], "total": total, "cpu": cpu}
+        seq, gen = float(jnp.sum(batch.mask_bs)), float(jnp.sum(batch.response_mask_br))
+        tokens = {"prompt_unique": (seq - gen) / rs.rl.group_size, "generated": gen, "sequence": seq,
+                  "completions": int(batch.tokens_bs.shape[0])}
+        return it.state, split, tokens
+
+    mark = compiles.mark()
+    state, first, _ = iteration(state, 0)
+    compile_s = compiles.since(mark)
+    rss_first = common.peak_rss_mb()
+    for i in range(settings["warmup"]):
+        state, _, _ = iteration(state, 1 + i)
+    mark = compiles.mark()
+    splits, tokens = [], []
+    for i in range(settings["repeats"]):
+        state, split, tok = iteration(state, 1 + settings["warmup"] + i)
+        splits.append(split)
+        tokens.append(tok)
+    compiled_while_timed = compiles.since(mark)
+    peak = common.peak_gflops(settings["peak_gflops"], settings["dtype"])
+    device = jax.devices()[0]
+    stats = device.memory_stats() if device.platform != "cpu" else None
+    return side_result(splits, tokens, params, settings, int(state.step), extra={
+        "compile_s": round(compile_s, 3), "first_iteration_s": round(first["total"], 3),
+        "compile_s_while_timed": round(compiled_while_timed, 3), "setup_s": round(setup_s, 3), "peak": peak,
+        "rss_after_setup_mb": rss_setup, "rss_after_first_iteration_mb": rss_first,
+        "rss_resident_at_end_mb": host_memory_mb(), "prompt_format": fmt, "max_prompt_len": longest,
+        "compute_dtype": str(m.dtype), "param_dtype": str(jax.tree.leaves(state.params)[0].dtype),
+        "scan_layers": bool(m.scan_layers),
+        "device": getattr(device, "device_kind", device.platform),
+        "peak_device_mb": stats["peak_bytes_in_use"] / 2**20 if stats and "peak_bytes_in_use" in stats else None,
+        "versions": common.versions(),
+    })

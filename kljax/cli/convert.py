@@ -1,0 +1,94 @@
+"""`kljax convert`: HF checkpoint dir -> kljax orbax dir, `--export` back, `--check` logit parity.
+
+    kljax convert --model HF_DIR --out DIR          HF safetensors -> orbax params (+ config, tokenizer)
+    kljax convert --export --model DIR --out HF_DIR  orbax params -> HF safetensors loadable by transformers
+    kljax convert --check [--model HF_DIR]           max |logits - transformers logits|; last line
+                                                     `max_abs_diff=<x>`, exit 1 above --tolerance
+    kljax convert --default-model                    build (once) and print the embedded SmolLM2 dir
+Without --model, the embedded SmolLM2-135M-Instruct is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="HF checkpoint dir (or, with --export, a kljax orbax dir); "
+                        "default: the embedded SmolLM2-135M-Instruct")
+    parser.add_argument("--out", help="output directory")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--export", action="store_true", help="kljax orbax dir -> HF safetensors dir")
+    mode.add_argument("--check", action="store_true", help="compare logits with transformers (float32)")
+    mode.add_argument("--default-model", action="store_true", help="print the embedded model's HF dir")
+    parser.add_argument("--tolerance", type=float, default=1e-3, help="--check: max allowed abs diff")
+    parser.add_argument("--prompt", action="append", help="--check: a prompt (repeatable)")
+    parser.add_argument("--param-dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="dtype of converted params (and of exported tensors)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from kljax.models.default import default_model_dir
+
+    if args.default_model:
+        print(default_model_dir())
+        return 0
+    model_dir = args.model or str(default_model_dir())
+    from kljax.cli.export import is_run_workdir, workdir_hint
+
+    if is_run_workdir(model_dir):
+        from kljax.errors import UserError
+
+        raise UserError(workdir_hint(model_dir))
+    if args.check:
+        from kljax.models.convert import check_hf_dir, read_hf_config
+        from kljax.models.hf_tokenizer import load_hf_tokenizer
+        from kljax.models.parity import DEFAULT_PROMPTS, compare_with_transformers, has_tokenizer, prompt_token_ids
+
+        check_hf_dir(model_dir)
+        if has_tokenizer(model_dir):
+            load_hf_tokenizer(model_dir)
+        vocab = int(read_hf_config(model_dir)["vocab_size"])
+        tokens = prompt_token_ids(model_dir, args.prompt or DEFAULT_PROMPTS, vocab_size=vocab)
+        worst, per_prompt = compare_with_transformers(model_dir, tokens)
+        for i, d in enumerate(per_prompt):
+            print(f"prompt {i} ({len(tokens[i])} tokens): max_abs_diff={d:.3e}")
+        print(f"tolerance={args.tolerance:g} {'OK' if worst <= args.tolerance else 'FAILED'}")
+        print(f"max_abs_diff={worst:.6e}")
+        return 0 if worst <= args.tolerance else 1
+    from kljax.errors import UserError
+
+    if not args.out:
+        raise UserError("--out is required to convert or export")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is an existing file; give a new directory")
+    if args.export:
+        from kljax.models.convert import export_hf, model_config_from_dir, read_hf_config
+        from kljax.models.orbax_params import is_orbax_model, load_orbax_model
+
+        if not is_orbax_model(model_dir):
+            raise UserError(f"--export --model {model_dir} is not a kljax orbax model dir (params/ + config.json)")
+        if out.is_dir() and any(out.iterdir()):
+            raise UserError(f"--out {out} exists and is not empty; give a new directory")
+        model_config_from_dir(model_dir, param_dtype=args.param_dtype)
+        params, config = load_orbax_model(model_dir, param_dtype=args.param_dtype)
+        hf_config = read_hf_config(model_dir)
+        out = export_hf(params, config, args.out, hf_config=hf_config, tokenizer_dir=model_dir)
+        print(out)
+        return 0
+    from kljax.models.convert import check_hf_dir, check_vocab, load_hf_checkpoint, read_hf_config
+    from kljax.models.hf_tokenizer import load_hf_tokenizer
+    from kljax.models.orbax_params import save_orbax_model
+    from kljax.models.parity import has_tokenizer
+
+    if (out / "params").exists():
+        raise UserError(f"--out {out} already holds params/; give a new directory")
+    config = check_hf_dir(model_dir, param_dtype=args.param_dtype)
+    if has_tokenizer(model_dir):
+        check_vocab(config, len(load_hf_tokenizer(model_dir)))
+    params, config = load_hf_checkpoint(model_dir, param_dtype=args.param_dtype)
+    out = save_orbax_model(args.out, params, read_hf_config(model_dir), tokenizer_dir=model_dir)
+    print(out)
+    return 0

@@ -1,0 +1,98 @@
+"""`kljax eval`: greedy accuracy, mean@k and unbiased pass@k of a model on task splits.
+
+    kljax eval --model tiny|default|DIR --tasks arithmetic:test,arithmetic:ood_digits [--k 4] [--json PATH]
+    kljax eval --checkpoint WORKDIR [--step S] [--tasks ...] [--n-examples N] [--config.rl.temperature=0.7]
+
+Settings (prompt format, buffers, temperature, number of examples, seed) come from the run config:
+WORKDIR/config.json for --checkpoint, else --config FILE (default configs/tiny.py for --model tiny,
+configs/default.py otherwise); flags and `--config.field=value` overrides change them. See
+`kljax.studies.evaluate` for the estimators.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ACCEPTS_CONFIG_OVERRIDES = True
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help="'tiny', 'default' (SmolLM2-135M-Instruct) or a HF checkpoint directory")
+    source.add_argument("--checkpoint", metavar="WORKDIR", help="a `kljax train` workdir (its latest checkpoint)")
+    parser.add_argument("--step", type=int, default=None, help="with --checkpoint: this step instead of the latest")
+    parser.add_argument("--config", default=None, help="run config file for the settings (see the description)")
+    parser.add_argument("--tasks", default=None,
+                        help="comma-separated name:split specs (default: the config's task and eval_splits)")
+    parser.add_argument("--k", type=int, default=4, help="k of pass@k and mean@k (default 4)")
+    parser.add_argument("--n-samples", type=int, default=None, help="samples per prompt, >= k (default k)")
+    parser.add_argument("--n-examples", type=int, default=None, help="examples per split (default eval_examples)")
+    parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (default rl.temperature)")
+    parser.add_argument("--batch-size", type=int, default=None, help="sequences per sampler call")
+    parser.add_argument("--prompt-format", choices=["chat", "plain", "raw"], default=None)
+    parser.add_argument("--seed", type=int, default=None, help="examples and sampling seed (default config.seed)")
+    parser.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON here")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _base_config(args: argparse.Namespace):
+    from kljax.train.config import REPO_ROOT, load_config
+
+    if args.config:
+        return load_config(args.config)
+    return load_config(REPO_ROOT / "configs" / ("tiny.py" if args.model == "tiny" else "default.py"))
+
+
+def run(args: argparse.Namespace) -> int:
+    import jax
+
+    from kljax.studies import evaluate as ev
+    from kljax.train.config import apply_overrides
+    from kljax.train.trainer import enable_compilation_cache
+
+    if args.json and Path(args.json).is_dir():
+        raise ValueError(f"--json {args.json} is a directory; give a file path")
+    enable_compilation_cache()
+    overrides = list(getattr(args, "overrides", []))
+    try:
+        if args.checkpoint:
+            params, policy, config, step = ev.restore_params(args.checkpoint, args.step, overrides=overrides)
+            mesh = jax.tree.leaves(params)[0].sharding.mesh  # the mesh the checkpoint was restored onto
+            source = {"checkpoint": str(args.checkpoint), "step": step, "model": config.model.source}
+            train_task = str(config.task.name)
+        else:
+            config = apply_overrides(_base_config(args), [*overrides, f"--config.model.source={args.model}"])
+            if args.model not in ("tiny", "default") and not Path(args.model).is_dir():
+                raise ValueError(f"--model {args.model!r} is neither 'tiny', 'default' nor a directory")
+            mesh = ev.make_mesh(config)
+            policy = ev.load_model(config, mesh)
+            params = policy.params
+            source = {"model": args.model}
+            train_task = None
+        settings = ev.EvalSettings.from_run_config(
+            config, k=args.k, n_samples=args.n_samples, n_examples=args.n_examples, temperature=args.temperature,
+            batch_size=args.batch_size, prompt_format=args.prompt_format, seed=args.seed,
+        )
+        from kljax.studies.eval_tasks import splits_for
+
+        splits = splits_for(config, args.tasks)  # the run's own task (file tasks too) or name:split specs
+        results = ev.evaluate(policy, params, splits, settings, mesh, train_task=train_task,
+                              progress=not args.no_progress)
+    except ValueError as e:
+        print(f"kljax eval: error: {e}", file=sys.stderr)
+        return 2
+    print(ev.format_table(results))
+    summary = ev.summarize(results)
+    if args.json:
+        import dataclasses
+
+        used = {**dataclasses.asdict(settings), "n_samples": settings.samples}
+        payload = {**source, "settings": used, "summary": summary, "results": results}
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        from kljax.train.run_logs import dumps
+
+        Path(args.json).write_text(dumps(payload, indent=2))  # strict JSON: null, never NaN
+        print(f"wrote {args.json}")
+    return 0

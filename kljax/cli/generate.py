@@ -1,0 +1,85 @@
+"""`kljax generate`: greedy text from a model directory (HF checkpoint or kljax orbax dir).
+
+    kljax generate [--model DIR] --prompt "..." [--max-new-tokens N] [--chat]
+    kljax generate --checkpoint WORKDIR [--step N] --prompt "..."   (a run's policy, prompted as in the run)
+Without --model, the embedded SmolLM2-135M-Instruct is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="HF checkpoint or kljax orbax dir (default: embedded SmolLM2)")
+    parser.add_argument("--checkpoint", metavar="WORKDIR",
+                        help="a `kljax train` workdir: its checkpoint, prompted as the run was")
+    parser.add_argument("--step", type=int, default=None, help="with --checkpoint: this step instead of the latest")
+    parser.add_argument("--prompt", action="append", required=True, help="a prompt (repeatable)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="compute and param dtype")
+
+
+def run(args: argparse.Namespace) -> int:
+    from kljax.errors import UserError
+    from kljax.models.convert import check_hf_dir, check_vocab, load_hf_checkpoint, model_config_from_dir
+    from kljax.models.default import default_model_dir
+    from kljax.models.hf_tokenizer import load_hf_tokenizer
+    from kljax.models.orbax_params import is_orbax_model, load_orbax_model
+
+    if args.max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens={args.max_new_tokens} must be >= 1")
+    empty = [i for i, p in enumerate(args.prompt) if not p]
+    if empty:
+        raise UserError(f"--prompt number {empty[0] + 1} is empty; give some text")
+    if args.checkpoint:
+        if args.model:
+            raise UserError("give --model or --checkpoint, not both")
+        from kljax.models.generate_checkpoint import run_checkpoint
+
+        return run_checkpoint(args)
+    model_dir = args.model or str(default_model_dir())
+    from kljax.cli.export import is_run_workdir, workdir_hint
+
+    if is_run_workdir(model_dir):
+        from kljax.errors import UserError
+
+        raise UserError(workdir_hint(model_dir))
+    orbax = is_orbax_model(model_dir)
+    dtypes = dict(param_dtype=args.dtype, dtype=args.dtype)
+    config = model_config_from_dir(model_dir, **dtypes) if orbax else check_hf_dir(model_dir, **dtypes)
+    tokenizer = load_hf_tokenizer(model_dir)
+    check_vocab(config, len(tokenizer))
+    load = load_orbax_model if orbax else load_hf_checkpoint
+    params, config = load(model_dir, **dtypes)
+    if args.chat:
+        prompts = [
+            list(tokenizer.apply_chat_template(
+                [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True, return_dict=False
+            ))
+            for p in args.prompt
+        ]
+    else:
+        prompts = [tokenizer.encode(p) for p in args.prompt]
+    for i, ids in enumerate(prompts):
+        if not ids:
+            raise UserError(f"--prompt number {i + 1} ({args.prompt[i]!r}) encodes to no tokens")
+        if len(ids) + args.max_new_tokens > config.max_position_embeddings:
+            raise UserError(
+                f"--prompt number {i + 1} has {len(ids)} tokens; with --max-new-tokens={args.max_new_tokens} that "
+                f"exceeds the model's context of {config.max_position_embeddings}"
+            )
+    eos = set(config.eos_token_ids)
+    if tokenizer.eos_token_id is not None:
+        eos.add(tokenizer.eos_token_id)
+    pad = config.pad_token_id if config.pad_token_id is not None else (tokenizer.pad_token_id or 0)
+    from kljax.sampling import greedy_continuations
+
+    outputs = greedy_continuations(params, config, prompts, args.max_new_tokens, sorted(eos), pad)
+    for i, ids in enumerate(outputs):
+        if len(outputs) > 1:
+            print(f"--- {i}")
+        print(tokenizer.decode(ids, skip_special_tokens=True))
+    return 0
