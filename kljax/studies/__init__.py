@@ -1,2 +1,2 @@
-"""Studies of where KL-regularized training goes: toy tasks with an exact optimum and training
-runs measured against it (`kljax converge-study`)."""
+"""Studies built on the trainer: gradient bias of each configuration (`bias/`), convergence to the exact
+optimum of toy tasks, evaluation, sweeps and their reports, per-device memory plans."""
