@@ -87,6 +87,7 @@ def test_report_tables_figures_and_rule(sweep_dir):
     for needle in ("## Final greedy accuracy", "## Training curves", "## Unstable runs", "k1-reward_b0.05_onpolicy",
                    "full-both-rtg", "non-finite", "10 x max", "shared by every run", "`steps=2`"):
         assert needle in text, needle
+    assert os.getcwd() + os.sep not in text  # a committed report names no path of this machine
     for png in ("final_accuracy.png", "curves_onpolicy.png"):
         assert (sweep_dir / "figures" / png).stat().st_size > 5_000
         assert f"figures/{png}" in text

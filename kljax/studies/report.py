@@ -263,12 +263,18 @@ def write_report(sweep_dir: str | os.PathLike, rule: InstabilityRule = Instabili
     figures.mkdir(exist_ok=True)
     lines = [f"# Sweep report: {sweep_dir.name}", ""]
     status = {s: sum(r["status"] == s for r in runs) for s in ("finished", "partial", "broken", "new", "unsupported")}
-    lines += [f"Base run config: `{summary.get('base_config')}`; sweep config: `{summary.get('sweep_config')}`.", "",
+    here = os.getcwd() + os.sep  # the report is committed: paths under the working directory are shown relative
+
+    def shown(text: object) -> str:
+        return str(text).replace(here, "")
+
+    lines += [f"Base run config: `{shown(summary.get('base_config'))}`; "
+              f"sweep config: `{shown(summary.get('sweep_config'))}`.", "",
               "Runs: " + ", ".join(f"{n} {s}" for s, n in status.items() if n) + ".", ""]
     shared = [o for o in runs[0].get("overrides", []) if all(o in r.get("overrides", []) for r in runs)] if runs else []
     if shared:
         lines += ["Overrides of the base config shared by every run (in order; a later one wins): "
-                  + ", ".join(f"`{o}`" for o in shared) + ".", ""]
+                  + ", ".join(f"`{shown(o)}`" for o in shared) + ".", ""]
     unsupported = [r for r in runs if r["status"] == "unsupported"]
     if unsupported:
         lines += ["Not run (rejected by the trainer's validation): "
