@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kljax.cli import main
-from kljax.rl import audit
+from kljax.rl import audit, audit_peers
 from kljax.rl.describe import describe_objective
 from kljax.rl.kl_table import PRESETS
 from kljax.train.config import apply_overrides
@@ -41,13 +41,13 @@ def test_peer_defaults_translate(peer):
 
 
 def test_table_has_every_peer_with_versions_and_the_issue_claims():
-    assert set(audit.PEERS) == set(DEFAULTS)
-    for peer in audit.PEERS.values():
+    assert set(audit_peers.PEERS) == set(DEFAULTS)
+    for peer in audit_peers.PEERS.values():
         assert peer.version and peer.trainer and peer.section
         for f in peer.fields:
             assert f.source and (f.confirmed or f.note), f"{peer.name}.{f.name}: unconfirmed default needs a note"
-    assert audit.PEERS["trl-grpo"].field("beta").default == 0.0  # TRL GRPO: beta 0
-    assert audit.PEERS["trl-grpo"].version.startswith("trl 1.16.0")
+    assert audit_peers.PEERS["trl-grpo"].field("beta").default == 0.0  # TRL GRPO: beta 0
+    assert audit_peers.PEERS["trl-grpo"].version.startswith("trl 1.16.0")
     assert audit.translate("tunix-grpo", {})[0].kl.placement == "loss"  # Tunix GRPO: k1 in the loss
     ppo = audit.translate("tunix-ppo", {})[0].kl
     assert (ppo.estimator, ppo.placement) == ("k3", "reward")  # Tunix PPO: k3 in the reward

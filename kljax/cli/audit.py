@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from kljax.errors import UserError, read_json
-from kljax.rl.audit import PEERS, overrides, settings_with_defaults, translate
+from kljax.rl.audit import overrides, translate
+from kljax.rl.audit_peers import PEERS, settings_with_defaults
 from kljax.rl.describe import describe_objective
 
 

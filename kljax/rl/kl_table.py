@@ -11,7 +11,7 @@ from kljax.rl.kl import KLConfig
 
 _S = KLConfig
 # (preset, what it is); `kljax.rl.audit.with_users` appends the peer trainers' settings that give it,
-# translated from the peer defaults table (kljax.rl.audit.PEERS), so the labels cannot drift from it.
+# translated from the peer defaults table (kljax.rl.audit_peers.PEERS), so the labels cannot drift from it.
 _NOTES: tuple[tuple[KLConfig, str], ...] = (
     (_S(placement="none"), "no KL regularization (baseline)"),
     (_S("k1", "reward"), "the paper's recommended default"),
