@@ -19,7 +19,9 @@ def base() -> ml_collections.ConfigDict:
     c.eval_examples = 64
     c.model = ml_collections.ConfigDict(
         dict(
-            source="default",  # "tiny" (random init), "default" (SmolLM2-135M-Instruct) or an HF checkpoint dir
+            # "tiny" (random init), "default" (SmolLM2-135M-Instruct), an HF checkpoint dir, or "tabular"
+            # (one logit row per prefix; only with task toy_optimum, whose responses it enumerates)
+            source="default",
             dtype="float32",
             param_dtype="float32",
             scan_layers=True,
@@ -33,6 +35,8 @@ def base() -> ml_collections.ConfigDict:
             # Used only by source="tiny":
             tiny=dict(vocab_size=19, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                       num_kv_heads=2, head_dim=8, max_position_embeddings=64, init_std=0.02),
+            # Used only by source="tabular": pi_ref's logits ~ init_scale * N(0, 1)
+            tabular=dict(init_scale=1.0),
         )
     )
     c.task = ml_collections.ConfigDict(
@@ -41,7 +45,10 @@ def base() -> ml_collections.ConfigDict:
              # File tasks (name jsonl, parquet, csv or hf; see kljax/tasks/files.py):
              path="", prompt_key="prompt", answer_key="", messages_key="", eval_fraction=0.1,
              prompt_template="", drop_overlong=False,
-             system_prompt=None)  # None: kljax's default system prompt; "": none
+             system_prompt=None,  # None: kljax's default system prompt; "": none
+             # Task toy_optimum (kljax/tasks/toy_optimum.py): one prompt per reward shape, responses of
+             # response_len tokens over vocab ids (the last one the stop token)
+             toy=dict(shapes="sparse,long,conflict", vocab=3, response_len=3))
     )
     # Rewards (kljax/train/reward_set.py): "" and "" = the task's own check.
     c.reward = ml_collections.ConfigDict(

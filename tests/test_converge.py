@@ -16,7 +16,7 @@ from kljax.rl.kl import KLConfig
 from kljax.studies.converge import RunSettings, train_runs
 from kljax.studies.fixed_point import find_fixed_points
 from kljax.studies.study import StudyConfig
-from kljax.studies.toy_tasks import exact_metrics, make_task, objective, optimal_logp, task_logps
+from kljax.tasks.exact_optimum import exact_metrics, make_task, objective, optimal_logp, task_logps
 
 
 def _random_logp(rng: np.random.Generator, p: int, n: int, scale: float = 2.0) -> jnp.ndarray:

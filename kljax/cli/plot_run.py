@@ -6,7 +6,8 @@ import argparse
 import math
 from pathlib import Path
 
-DEFAULT_KEYS = ("reward", "accuracy", "kl_seq", "beta", "k3", "entropy", "grad_norm", "response_length",
+DEFAULT_KEYS = ("exact/gap", "exact/J", "exact/kl_opt",  # tasks with an exact optimum (toy_optimum) only
+                "reward", "accuracy", "kl_seq", "beta", "k3", "entropy", "grad_norm", "response_length",
                 "clip_fraction", "pg_loss", "kl_loss", "tokens_per_s", "time_step")
 EVAL_PANEL = "eval (greedy accuracy)"
 
@@ -44,6 +45,8 @@ def plot_run(workdir: str | Path, keys: tuple[str, ...] = DEFAULT_KEYS, out: str
             continue
         pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=1.2)
+        if key == "exact/gap" and all(p[1] > 0 for p in pts):  # a distance to pi*: its decades matter
+            ax.set_yscale("log")
         ax.set_title(key, fontsize=10)
         ax.set_xlabel("step", fontsize=8)
         ax.grid(alpha=0.3)

@@ -31,6 +31,19 @@ class PolicyModel(Protocol):
                mesh: Any = None) -> Any: ...
 
 
+def frozen_copy(params: Any, model: Any) -> Any:
+    """A copy in new buffers of parameters only forward passes read (the reference, the async
+    sampler's snapshots): `transformer.frozen_copy` for a `ModelConfig` (its frozen dtype), else the
+    same arrays copied."""
+    from kljax.models.config import ModelConfig
+
+    if isinstance(model, ModelConfig):
+        from kljax.models.transformer import frozen_copy as transformer_frozen_copy
+
+        return transformer_frozen_copy(params, model)
+    return jax.tree.map(jax.numpy.copy, params)
+
+
 def as_policy(model: Any) -> PolicyModel:
     """A `ModelConfig` becomes its `TransformerPolicy`; a policy model is returned as is."""
     from kljax.models.config import ModelConfig

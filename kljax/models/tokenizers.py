@@ -11,7 +11,23 @@ from collections.abc import Sequence
 DEFAULT_ALPHABET = "0123456789 ?+-*=:"
 
 
-class CharTokenizer:
+class _SymbolIds:
+    """Encoding by a table of one id per character (`_ids`), and the vocabulary size."""
+
+    _ids: dict[str, int]
+    vocab_size: int
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        bad = sorted({ch for ch in text if ch not in self._ids})
+        if bad:
+            raise ValueError(f"characters {bad} are not in the tokenizer's symbols {''.join(self._ids)!r}")
+        return [self._ids[ch] for ch in text]
+
+
+class CharTokenizer(_SymbolIds):
     """Duck-types the parts of a Hugging Face tokenizer kljax uses: encode, decode, eos/pad ids."""
 
     pad_token_id = 0
@@ -23,19 +39,7 @@ class CharTokenizer:
             raise ValueError(f"alphabet must be non-empty with distinct characters, got {alphabet!r}")
         self.alphabet = alphabet
         self._ids = {ch: i + 2 for i, ch in enumerate(alphabet)}
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.alphabet) + 2
-
-    def __len__(self) -> int:
-        return self.vocab_size
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        bad = sorted({ch for ch in text if ch not in self._ids})
-        if bad:
-            raise ValueError(f"characters {bad} are not in the tokenizer's alphabet {self.alphabet!r}")
-        return [self._ids[ch] for ch in text]
+        self.vocab_size = len(alphabet) + 2
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         out = []
@@ -50,3 +54,29 @@ class CharTokenizer:
             else:
                 raise ValueError(f"token id {i} is outside this tokenizer's vocabulary of {self.vocab_size}")
         return "".join(out)
+
+
+class SymbolTokenizer(_SymbolIds):
+    """One symbol per id, no special ids: id i is `symbols[i]` (toy tasks whose token ids are the
+    responses themselves, `kljax.tasks.toy_optimum`). `eos_token_id` is the stop token's id; it
+    decodes to its symbol like any other (the stop is part of a toy response)."""
+
+    chat_template = None
+
+    def __init__(self, symbols: str, eos_token_id: int, pad_token_id: int = 0) -> None:
+        if len(set(symbols)) != len(symbols) or not symbols:
+            raise ValueError(f"symbols must be non-empty and distinct, got {symbols!r}")
+        for name, i in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)):
+            if not 0 <= i < len(symbols):
+                raise ValueError(f"{name}={i} is outside the {len(symbols)} symbols {symbols!r}")
+        self.symbols = symbols
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
+        self._ids = {ch: i for i, ch in enumerate(symbols)}
+        self.vocab_size = len(symbols)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        bad = [int(i) for i in ids if not 0 <= int(i) < self.vocab_size]
+        if bad:
+            raise ValueError(f"token ids {bad} are outside this tokenizer's {self.vocab_size} symbols")
+        return "".join(self.symbols[int(i)] for i in ids)

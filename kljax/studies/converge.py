@@ -6,7 +6,7 @@ One iteration, as `kljax.train.trainer.iteration` does it on the tabular policy:
     --reward table--> rewards --step.score--> log pi, log pi_ref (and the full KL)
     --rollout.assemble_batch--> advantages (RLOO) with the reward-placed KL
     --step.train_step (default aggregation, PPO clip 0.2, AdamW with clip 1)--> new params,
-then the exact metrics of `toy_tasks.exact_metrics` at the new params. The policy starts at
+then the exact metrics of `exact_optimum.exact_metrics` at the new params. The policy starts at
 pi_ref. Runs for several betas x seeds of one KL configuration are one jitted program
 (vmap over runs of a lax.scan over iterations); beta is traced, so betas share the compile.
 """
@@ -23,7 +23,7 @@ import numpy as np
 from kljax.models.transformer import positions_from_mask
 from kljax.rl.kl import KLConfig
 from kljax.sampling.logits import SamplingParams
-from kljax.studies.toy_tasks import ToyTask, exact_metrics, task_logps
+from kljax.tasks.exact_optimum import ToyTask, exact_metrics, task_logps
 from kljax.train.rollout import assemble_batch
 from kljax.train.state import OptimConfig, TrainState, make_optimizer
 from kljax.train.step import Batch, StepSettings, score, train_step

@@ -133,6 +133,9 @@ def parse_tasks(specs: str | Sequence[str], data_dir: str = "") -> list[Split]:
             task, split = parse_task_spec(item, **kwargs)
         except TypeError:  # generated tasks take no data_dir
             task, split = parse_task_spec(item)
+        if task.tokenizer is not None:
+            raise ValueError(f"--tasks {item!r}: task {task.name!r} has token ids of its own and rewards relative "
+                             "to a run's pi_ref; `kljax train` measures it exactly (exact/gap in metrics.jsonl)")
         splits = [split] if split else [s for s in task.splits if s != "train"] or list(task.splits)
         out.extend(Split(f"{task.name}:{s}", task, s) for s in splits)
     if not out:
@@ -188,6 +191,15 @@ def restore_params(workdir: str | Path, step: int | None = None, mesh: Any = Non
     if not isinstance(raw, dict):
         raise ValueError(f"run config {config_path} holds a {type(raw).__name__}, not a JSON object")
     config = ml_collections.ConfigDict(raw)
+    from kljax.tasks.toy_optimum import ToyOptimumTask
+
+    if config.get("task", {}).get("name") == ToyOptimumTask.name:
+        from kljax.errors import UserError
+
+        raise UserError(f"{workdir} is a run of the toy task {ToyOptimumTask.name!r}, measured exactly: its "
+                        "metrics.jsonl holds exact/gap, exact/J, ... at every step (exact_before.json at pi_ref) "
+                        f"and `kljax plot-run {workdir}` draws them; eval, generate and export take runs of "
+                        "text tasks")
     if overrides:
         from kljax.train.config import apply_overrides
 

@@ -26,7 +26,7 @@ import numpy as np
 import optax
 
 from kljax.rl.kl import KLConfig, kl_terms
-from kljax.studies.toy_tasks import ToyTask, enumerated_batch
+from kljax.tasks.exact_optimum import ToyTask, enumerated_batch
 
 Array = jax.Array
 

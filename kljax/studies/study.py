@@ -24,7 +24,7 @@ from kljax.rl.kl_describe import describe
 from kljax.rl.kl_table import PRESETS
 from kljax.studies.converge import RunSettings, train_runs
 from kljax.studies.fixed_point import FixedPoint, find_fixed_points
-from kljax.studies.toy_tasks import SHAPES, ToyTask, exact_metrics, make_task, task_logps
+from kljax.tasks.exact_optimum import SHAPES, ToyTask, exact_metrics, make_task, task_logps
 
 UNSTABLE_RULE = ("a row is unstable when any seed made a non-finite update, or its mean final gap exceeds the "
                  "initial gap (training moved away from pi*), or the gap rises again: over the last 20% of "

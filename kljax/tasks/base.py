@@ -23,7 +23,7 @@ import abc
 import dataclasses
 import hashlib
 import random
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
 TEST_FRACTION = 0.1  # share of an in-domain generated key space that belongs to `test`
@@ -68,7 +68,10 @@ class Task(abc.ABC):
                      ("Answer: ...");
       instruction:   a task-specific line added to the user message (e.g. "Reply with the letter ...");
       uses_verifier_pool: True when `check` may be slow or hang (math-verify): it then runs in worker
-                     processes with a time limit.
+                     processes with a time limit;
+      tokenizer:     a tokenizer of the task's own, when its token ids are its responses (None: the
+                     model's), with `check_run_settings` and `exact_optimum` for a task whose optimum
+                     is known (`kljax.tasks.toy_optimum`).
     """
 
     name: str = ""
@@ -76,6 +79,7 @@ class Task(abc.ABC):
     answer_format: str = "boxed"
     instruction: str = ""
     uses_verifier_pool: bool = False
+    tokenizer: Any = None
 
     @abc.abstractmethod
     def examples(self, split: str, n: int | None = None, seed: int = 0) -> list[Example]:
@@ -95,6 +99,16 @@ class Task(abc.ABC):
     def reward(self, example: Example, completion: str) -> float:
         """The scalar reward of one completion (see `score`)."""
         return self.score(example, completion).reward
+
+    def check_run_settings(self, max_prompt_len: int, max_new_tokens: int, prompt_format: str) -> None:
+        """Raise a ValueError naming the setting when a run's buffers or prompt format cannot serve
+        this task (none is refused here)."""
+        return None
+
+    def exact_optimum(self, model: Any, ref_params: Any) -> Callable[[Any, float], dict[str, float]] | None:
+        """For a task whose KL-regularized optimum is known against the reference `ref_params` of
+        `model`: a function (params, beta) -> {"exact/NAME": value} of exact metrics; else None."""
+        return None
 
     def validate_split(self, split: str) -> None:
         """Raise a ValueError naming the valid splits when `split` is not one of them."""

@@ -9,6 +9,8 @@
     get_task("mmlu", subject="college_physics") loaded: test (any MMLU STEM subject)
     get_task("mmlu_college_physics")            and _chemistry, _biology: the paper's OOD sets
     get_task("repeat_digit")                    toy task for tiny models (kljax/tasks/toy.py): train, test
+    get_task("toy_optimum", shapes=..., vocab=3, response_len=3)
+                                                enumerable responses, exact optimum (tasks/toy_optimum.py): train
 
 The user's own files (`jsonl`, `parquet`, `csv`, `hf`) are not registered: `kljax.tasks.from_config`
 builds them from config.task (`kljax.tasks.files.FileTask`).
@@ -35,6 +37,12 @@ def _repeat_digit(**kwargs: Any) -> Task:
     return RepeatDigitTask(**kwargs)
 
 
+def _toy_optimum(**kwargs: Any) -> Task:
+    from kljax.tasks.toy_optimum import ToyOptimumTask
+
+    return ToyOptimumTask(**kwargs)
+
+
 def _dm_math(**kwargs: Any) -> Task:
     from kljax.tasks.dm_math import DeepMindMathTask
 
@@ -53,6 +61,7 @@ TASKS: dict[str, Callable[..., Task]] = {
     "mmlu_college_chemistry": functools.partial(MMLUTask, "college_chemistry"),
     "mmlu_college_biology": functools.partial(MMLUTask, "college_biology"),
     "repeat_digit": _repeat_digit,
+    "toy_optimum": _toy_optimum,
 }
 
 

@@ -20,7 +20,7 @@ from kljax.train.state import OptimConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.py"
-MODEL_SOURCES = ("tiny", "default")  # or a path to a Hugging Face checkpoint directory
+MODEL_SOURCES = ("tiny", "default", "tabular")  # or a path to a Hugging Face checkpoint directory
 PROMPT_FORMATS = ("chat", "plain", "raw")
 
 

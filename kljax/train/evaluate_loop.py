@@ -12,6 +12,7 @@ import jax
 import numpy as np
 
 from kljax import sampling
+from kljax.models.policy_api import as_policy
 from kljax.parallel.distributed import gather
 from kljax.tasks.rewards import score_batch
 from kljax.train.rollout import decode_responses, encode_prompts, prompt_texts
@@ -27,7 +28,7 @@ def greedy_completions(policy: Any, params: Any, texts: list[str], max_prompt_le
         chunk = texts[i : i + batch_size]
         padded = chunk + [chunk[-1]] * (batch_size - len(chunk))
         ids, mask = encode_prompts(padded, policy.tokenizer, max_prompt_len, policy.pad_id)
-        result = sampling.generate(params, policy.model, ids, mask, jax.random.PRNGKey(0), settings, mesh=mesh)
+        result = as_policy(policy.model).sample(params, ids, mask, jax.random.PRNGKey(0), settings, mesh=mesh)
         tokens, response_mask = gather((result.response_tokens_rn, result.response_mask_rn))
         texts_out = decode_responses(policy.tokenizer, tokens, response_mask)
         out.extend(texts_out[: len(chunk)])

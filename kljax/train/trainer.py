@@ -8,7 +8,9 @@ times by the jitted `train_step`. With async_level 0 and one update, the importa
 to float rounding (on-policy). A step is one call of `iteration` (which `kljax bench rl` times too).
 Everything a run writes goes under WORKDIR: checkpoints/, metrics.jsonl, tb/, eval_before.json,
 eval_after.json, eval_step_N.json (config.eval_every), samples.jsonl (config.log_samples_every),
-config.json; the JSON holds null, never NaN (`run_logs`).
+config.json; the JSON holds null, never NaN (`run_logs`). A task with an exact optimum
+(`kljax.tasks.toy_optimum`) also gets its exact metrics in every row (exact/gap, exact/J, ...) and
+at pi_ref in exact_before.json.
 
 Multi-host (`kljax.parallel.distributed`): every process runs this loop on the global mesh; checkpoints are
 written by all processes together, files and the progress bar by process 0 only.
@@ -34,7 +36,8 @@ import ml_collections
 from tqdm.auto import tqdm
 
 from kljax.errors import UserError
-from kljax.models import transformer as tfm
+from kljax.models.config import ModelConfig
+from kljax.models.policy_api import frozen_copy
 from kljax.parallel import distributed
 from kljax.parallel import sharding as shd
 from kljax.rl.describe import RunObjective, warn_if_biased
@@ -88,6 +91,7 @@ class Run:
     score_fn: Any
     place: Any
     reward: Any = None  # a `reward_set.RewardSet` (config.reward), or None for the task's own reward
+    exact: Any = None  # (params, beta) -> exact metrics, for a task with a known optimum (`Task.exact_optimum`)
     data_offset: int = 0  # file tasks: the epoch stream's position is step * prompts_per_step + this
 
 
@@ -139,10 +143,14 @@ def build(settings: RunSettings) -> tuple[Run, st.TrainState, Any]:
         if split.strip():
             task.validate_split(split.strip())
     parse_specs(str(settings.raw.get("reward", {}).get("functions", "") or ""))  # fails before the model loads
-    policy = load_policy(settings.raw.model, mesh, seed=settings.seed)
-    distributed.check_mesh(mesh_shape, jax.device_count(), settings.rl, policy.model)
+    rl = settings.rl
+    task.check_run_settings(rl.max_prompt_len, rl.max_new_tokens, str(settings.raw.task.prompt_format))
+    policy = load_policy(settings.raw.model, mesh, seed=settings.seed, task=task)
+    transformer = isinstance(policy.model, ModelConfig)
+    distributed.check_mesh(mesh_shape, jax.device_count(), settings.rl, policy.model if transformer else None)
     num_shards = mesh.shape["data"] * mesh.shape["fsdp"]
-    check_against_model(settings, policy.model.max_position_embeddings, num_shards)
+    max_positions = policy.model.max_position_embeddings if transformer else rl.max_prompt_len + rl.max_new_tokens
+    check_against_model(settings, max_positions, num_shards)
     dropped = check_prompts(task, settings.raw, policy.tokenizer)  # every file row, before anything compiles
     if any(dropped.values()) and distributed.is_main_process():
         print(f"kljax train: dropped prompts longer than rl.max_prompt_len={settings.rl.max_prompt_len}: "
@@ -152,13 +160,13 @@ def build(settings: RunSettings) -> tuple[Run, st.TrainState, Any]:
     # Two copies of the weights, not three: the state gets its own copy (donated to and updated by
     # every train step), the frozen reference is the loaded one (never donated nor updated; the async
     # snapshots start as the same buffers), or with a 16-bit compute dtype over float32 params its
-    # exact half-size copy in the compute dtype (`tfm.frozen_copy`), and the policy keeps none.
+    # exact half-size copy in the compute dtype (`transformer.frozen_copy`), and the policy keeps none.
     state, state_sh = st.state_from_params(policy.params, tx, policy.param_shardings, mesh, settings.seed)
     ref_params = policy.params
-    if policy.model.jnp_frozen_dtype != policy.model.jnp_param_dtype:
-        ref_params = tfm.frozen_copy(policy.params, policy.model)
+    if transformer and policy.model.jnp_frozen_dtype != policy.model.jnp_param_dtype:
+        ref_params = frozen_copy(policy.params, policy.model)
+    exact = task.exact_optimum(policy.model, ref_params)  # None but for a task with a known optimum
     policy = dataclasses.replace(policy, params=None)
-    rl = settings.rl
     in_update = policy_scored_in_update(rl, settings.kl, policy.model)  # then the step reports the KL metrics
     step_settings = StepSettings(
         policy.model, settings.kl, rl.loss_aggregation, rl.clip_low, rl.clip_high, rl.micro_batches,
@@ -166,7 +174,7 @@ def build(settings: RunSettings) -> tuple[Run, st.TrainState, Any]:
     )
     # The XLA-CPU kernels update layer by layer in place (`optimizer_step.update_in_place`); plain
     # kernels apply the optax chain itself: the same numbers and the same optimizer state.
-    step_tx = settings.optim if policy.model.cpu_kernels else tx
+    step_tx = settings.optim if transformer and policy.model.cpu_kernels else tx
     step_fn = under_mesh(jax.jit(functools.partial(train_step, settings=step_settings, tx=step_tx),
                                  out_shardings=(state_sh, None), donate_argnums=0), mesh)
     full = settings.kl.estimator == "full"
@@ -177,7 +185,7 @@ def build(settings: RunSettings) -> tuple[Run, st.TrainState, Any]:
     def place(batch):
         return jax.device_put(batch, batch_shardings(batch, mesh))
 
-    run = Run(settings, policy, task, mesh, tx, state_sh, step_fn, score_fn, place, reward)
+    run = Run(settings, policy, task, mesh, tx, state_sh, step_fn, score_fn, place, reward, exact)
     return run, state, ref_params
 
 
@@ -236,7 +244,7 @@ def iteration(run: Run, state: st.TrainState, ref_params: Any, step: int, *, bet
     )
     queue = collections.deque(snapshots, maxlen=max(rl.async_level, 1))  # a new one: the caller's is left as is
     if rl.async_level:
-        queue.append(tfm.frozen_copy(state.params, run.policy.model))  # before the train step donates them
+        queue.append(frozen_copy(state.params, run.policy.model))  # before the train step donates them
     t0 = time.perf_counter()
     for _ in range(rl.updates_per_batch):
         state, step_metrics = run.step_fn(state, batch, ref_params)
@@ -254,6 +262,8 @@ def iteration(run: Run, state: st.TrainState, ref_params: Any, step: int, *, bet
         time_update=update_time, time_step=elapsed, tokens_per_s=n_tokens / max(elapsed, 1e-9),
     )
     row["host_memory_mb"] = host_memory_mb()
+    if run.exact is not None:  # exact/gap, exact/J, ... at the updated params, this step's beta
+        row.update(run.exact(state.params, beta))
     row.update(info.reward_metrics)  # reward/NAME means and error counts (config.reward)
     next_beta = float(adapt_beta(beta, row["kl_seq"], kl)) if math.isfinite(row["kl_seq"]) else beta
     return Iteration(state, queue, next_beta, row, batch, info)
@@ -316,6 +326,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str | Path, resume: str |
         before = evaluate_splits(run, state.params)
         if main:
             run_logs.write_json(workdir / "eval_before.json", before)
+            if run.exact is not None:
+                run_logs.write_json(workdir / "exact_before.json", run.exact(ref_params, beta))
 
     done = start
     nonfinite_run = 0
@@ -344,7 +356,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str | Path, resume: str |
             writer.close()
             ckpt.close()
             raise NonFiniteError(_nonfinite_message(nonfinite_run, step + 1, row, ckpt.latest_step(), workdir))
-        bar.set_postfix({k: f"{row[k]:.3f}" for k in PROGRESS_KEYS})
+        bar.set_postfix({k: f"{row[k]:.3g}" for k in (*PROGRESS_KEYS, "exact/gap") if k in row})
         done = step + 1
         stopping = stop_after is not None and done - start >= stop_after
         if done % settings.checkpoint_every == 0 or done == settings.steps or stopping:
@@ -366,7 +378,12 @@ def _train(config: ml_collections.ConfigDict, workdir: str | Path, resume: str |
         run_logs.write_json(workdir / "eval_after.json", after)
     before_path = workdir / "eval_before.json"
     before = json.loads(before_path.read_text()) if before_path.exists() else {}
-    return {"before": before, "after": after, "params": state.params}
+    summary = {"before": before, "after": after, "params": state.params}
+    exact_path = workdir / "exact_before.json"
+    if run.exact is not None and exact_path.exists():
+        after_gap = run.exact(state.params, beta)["exact/gap"]
+        summary["exact"] = {"before": json.loads(exact_path.read_text())["exact/gap"], "after": after_gap}
+    return summary
 
 
 RESUME_MODES = ("latest", "auto", "strict")
