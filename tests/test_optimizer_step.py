@@ -13,7 +13,7 @@ import optax
 import pytest
 
 from kljax.train import state as st
-from kljax.train.optimizer_step import update_in_place
+from kljax.train.optimizer_step import tree_all_finite, update_in_place, update_is_finite
 
 
 def tree(seed: int, scale: float = 1.0):
@@ -125,3 +125,53 @@ def test_accumulate_layers_gradient_is_accumulator_plus_gradient():
     g_plain = jax.jit(jax.grad(plain, argnums=(0, 1)))(params["layers"], x)
     expected = (jax.tree.map(jnp.add, acc, g_plain[0]), g_plain[1])
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), g_ours, expected)
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+def test_finiteness_checks_find_every_non_finite_element(bad):
+    """tree_all_finite and update_is_finite under jit: False for one inf or NaN anywhere in the
+    parameters, moments or gradients, True for a finite update."""
+    c = st.OptimConfig(learning_rate=1e-2)
+    params, grads = tree(0), tree(1)
+    opt_state = st.make_optimizer(c).init(params)
+    check = jax.jit(lambda g, s, p: update_is_finite(c, g, s, p, optax.tree.norm(g)))
+    assert bool(jax.jit(tree_all_finite)(params)) and bool(check(grads, opt_state, params))
+    for where in ("params", "mu", "nu"):
+        p, s = params, opt_state
+        if where == "params":
+            p = {**params, "layers": {**params["layers"], "q": params["layers"]["q"].at[2, 4, 3].set(bad)}}
+            assert not bool(jax.jit(tree_all_finite)(p))
+        else:
+            adam = s[-1][0]
+            moment = getattr(adam, where)
+            moment = {**moment, "embed": moment["embed"].at[6, 1].set(bad)}
+            s = (*s[:-1], (adam._replace(**{where: moment}), *s[-1][1:]))
+        assert not bool(check(grads, s, p)), where
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # learning rate 1e39 in float32
+def test_update_is_finite_catches_overflow_and_adds_no_temporary_to_the_update():
+    c = st.OptimConfig(learning_rate=1e-2, max_grad_norm=None)  # no clip: the gradients reach the moments
+    params, grads = tree(0), tree(1)
+    opt_state = st.make_optimizer(c).init(params)
+    check = jax.jit(lambda g, s, p: update_is_finite(c, g, s, p, optax.tree.norm(g)))
+    assert bool(check(grads, opt_state, params))
+    huge = jax.tree.map(lambda g: g * 1e30, grads)  # g**2 overflows the second moment
+    assert not bool(check(huge, opt_state, params))
+    assert not bool(jax.jit(lambda g, s, p: update_is_finite(dataclasses.replace(c, learning_rate=1e39), g, s, p,
+                                                               optax.tree.norm(g)))(grads, opt_state, params))
+    # The check before the in-place update fuses into its reductions: XLA's temporaries for the
+    # update are the same with it as without it (an `all` per array wrote 0.9x the parameters' bytes).
+    c = st.OptimConfig(learning_rate=1e-2)
+    big = {"layers": {"w": jnp.zeros((4, 256, 512))}, "embed": jnp.zeros((1024, 256))}
+    big_state = st.make_optimizer(c).init(big)
+
+    def update(g, s, p, checked):
+        norm = optax.tree.norm(g)
+        ok = update_is_finite(c, g, s, p, norm) if checked else jnp.isfinite(norm)
+        return update_in_place(c, g, s, p, norm, ok)
+
+    temps = [jax.jit(functools.partial(update, checked=checked), donate_argnums=(1, 2)).lower(big, big_state, big)
+             .compile().memory_analysis().temp_size_in_bytes for checked in (False, True)]
+    param_bytes = sum(x.size * 4 for x in jax.tree.leaves(big))
+    assert temps[1] - temps[0] < 0.05 * param_bytes, temps

@@ -74,9 +74,17 @@ class _Leaf:
         self.step_size = -learning_rate_schedule(c)(lr_count)
         self.norm = grad_norm.astype(jnp.float32)
 
-    def moments(self, mu: jax.Array, nu: jax.Array, g: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def clip_factor(self) -> jax.Array:
+        """The clip as one float32 scalar: 1 if ||G||_2 < max_norm (or no clip), else max_norm / ||G||_2."""
+        if self.c.max_grad_norm is None:
+            return jnp.ones((), jnp.float32)
+        return jnp.where(self.norm < self.c.max_grad_norm, 1.0, self.c.max_grad_norm / self.norm)
+
+    def moments(self, mu: jax.Array, nu: jax.Array, g: jax.Array, clipped: bool = False
+                ) -> tuple[jax.Array, jax.Array]:
+        """(mu', nu') for gradient g, clipped here unless `clipped` says it already is."""
         c = self.c
-        if c.max_grad_norm is not None:
+        if c.max_grad_norm is not None and not clipped:
             g = jax.lax.select(self.norm < c.max_grad_norm, g, (g / self.norm.astype(g.dtype)) * c.max_grad_norm)
         return (1 - c.b1) * g + c.b1 * mu, ((1 - c.b2) * g ** 2 + c.b2 * nu).astype(nu.dtype)
 
@@ -105,13 +113,19 @@ def tree_all_finite(tree: Any) -> jax.Array:
 
 def update_is_finite(c: OptimConfig, grads: Params, opt_state: Any, params: Params, grad_norm: jax.Array) -> jax.Array:
     """Whether `update_in_place`'s new parameters and moments would all be finite (bool scalar),
-    computed as reductions, without writing them. False discards the step like a non-finite loss."""
+    computed as reductions, without writing them. False discards the step like a non-finite loss.
+
+    Each leaf is one `all` over one elementwise expression, with the clip as a scalar factor (equal
+    to the update's `g / ||G|| * max_norm` up to rounding): XLA then fuses it all into the reduce
+    and adds no parameter-sized temporary to the step. A division shared by the moments, or an
+    `all` per array, made it write the new moments or their masks out first (docs/performance.md)."""
     scale, *_, leaf = _adam(c, opt_state, grad_norm)
+    clip = leaf.clip_factor()
 
     def one(p: jax.Array, mu: jax.Array, nu: jax.Array, g: jax.Array) -> jax.Array:
-        new_mu, new_nu = leaf.moments(mu, nu, g)
+        new_mu, new_nu = leaf.moments(mu, nu, g * clip.astype(g.dtype), clipped=True)
         new_p = leaf.parameter(p, new_mu, new_nu)
-        return jnp.all(jnp.isfinite(new_p)) & jnp.all(jnp.isfinite(new_mu)) & jnp.all(jnp.isfinite(new_nu))
+        return jnp.all(jnp.isfinite(new_p) & jnp.isfinite(new_mu) & jnp.isfinite(new_nu))
 
     oks = jax.tree.leaves(jax.tree.map(one, params, scale.mu, scale.nu, grads))
     return jnp.all(jnp.stack(oks)) if oks else jnp.asarray(True)
