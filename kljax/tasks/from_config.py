@@ -34,10 +34,7 @@ def task_from_config(config: ml_collections.ConfigDict) -> Task:
                              f"format {sorted(FORMATS)} with config.task.path")
         kwargs = {"data_dir": t.data_dir} if t.get("data_dir") else {}
         if name == "toy_optimum":  # its options are config.task.toy
-            toy = t.get("toy", {})
-            kwargs = {"shapes": tuple(s.strip() for s in str(toy.get("shapes", "sparse,long,conflict")).split(",")
-                                      if s.strip()),
-                      "vocab": int(toy.get("vocab", 3)), "response_len": int(toy.get("response_len", 3))}
+            kwargs = dict(t.get("toy", {}))
         try:
             task = get_task(name, **kwargs)
         except TypeError:  # generated tasks take no data_dir

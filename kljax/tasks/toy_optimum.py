@@ -47,8 +47,9 @@ class ToyOptimumTask(Task):
     name = "toy_optimum"
     splits = ("train",)
 
-    def __init__(self, shapes: Sequence[str] = SHAPES, vocab: int = 3, response_len: int = 3) -> None:
-        shapes = tuple(shapes)
+    def __init__(self, shapes: str | Sequence[str] = SHAPES, vocab: int = 3, response_len: int = 3) -> None:
+        """shapes: reward shapes, one prompt each, as a sequence or comma-separated (config.task.toy)."""
+        shapes = tuple(s.strip() for s in shapes.split(",") if s.strip()) if isinstance(shapes, str) else tuple(shapes)
         bad = [s for s in shapes if s not in SHAPES]
         if bad or not shapes:
             raise ValueError(f"config.task.toy.shapes={','.join(shapes)!r}: {bad or 'none given'} not valid; "

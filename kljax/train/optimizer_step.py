@@ -80,12 +80,16 @@ class _Leaf:
             return jnp.ones((), jnp.float32)
         return jnp.where(self.norm < self.c.max_grad_norm, 1.0, self.c.max_grad_norm / self.norm)
 
-    def moments(self, mu: jax.Array, nu: jax.Array, g: jax.Array, clipped: bool = False
-                ) -> tuple[jax.Array, jax.Array]:
-        """(mu', nu') for gradient g, clipped here unless `clipped` says it already is."""
+    def clip(self, g: jax.Array) -> jax.Array:
+        """g as optax's clip_by_global_norm leaves it: g, or g / ||G||_2 * max_norm."""
         c = self.c
-        if c.max_grad_norm is not None and not clipped:
-            g = jax.lax.select(self.norm < c.max_grad_norm, g, (g / self.norm.astype(g.dtype)) * c.max_grad_norm)
+        if c.max_grad_norm is None:
+            return g
+        return jax.lax.select(self.norm < c.max_grad_norm, g, (g / self.norm.astype(g.dtype)) * c.max_grad_norm)
+
+    def moments(self, mu: jax.Array, nu: jax.Array, g: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """(mu', nu') for the clipped gradient g."""
+        c = self.c
         return (1 - c.b1) * g + c.b1 * mu, ((1 - c.b2) * g ** 2 + c.b2 * nu).astype(nu.dtype)
 
     def parameter(self, p: jax.Array, mu: jax.Array, nu: jax.Array) -> jax.Array:
@@ -123,7 +127,7 @@ def update_is_finite(c: OptimConfig, grads: Params, opt_state: Any, params: Para
     clip = leaf.clip_factor()
 
     def one(p: jax.Array, mu: jax.Array, nu: jax.Array, g: jax.Array) -> jax.Array:
-        new_mu, new_nu = leaf.moments(mu, nu, g * clip.astype(g.dtype), clipped=True)
+        new_mu, new_nu = leaf.moments(mu, nu, g * clip.astype(g.dtype))
         new_p = leaf.parameter(p, new_mu, new_nu)
         return jnp.all(jnp.isfinite(new_p) & jnp.isfinite(new_mu) & jnp.isfinite(new_nu))
 
@@ -145,7 +149,7 @@ def update_in_place(
 
     def moments(mn: tuple[Params, Params], g: Params) -> tuple[Params, Params]:
         def one(mu, nu, g):
-            new_mu, new_nu = leaf.moments(mu, nu, g)
+            new_mu, new_nu = leaf.moments(mu, nu, leaf.clip(g))
             return jnp.where(apply, new_mu, mu), jnp.where(apply, new_nu, nu)
 
         out = jax.tree.map(one, *mn, g)
