@@ -99,10 +99,13 @@ class RunSettings:
 
 
 def load_config(path: str | os.PathLike | None = None) -> ml_collections.ConfigDict:
-    """`get_config()` of a config file (default: configs/default.py)."""
+    """The run config of a file (default: configs/default.py): `get_config()` of a Python file, or
+    a YAML/JSON file's fields over configs/kljax_base.py's defaults (`kljax.train.config_files`)."""
+    from kljax.train.config_checks import default_config
     from kljax.train.config_files import get_config_of
 
-    return get_config_of(Path(path) if path else DEFAULT_CONFIG)  # configs import kljax_base.py beside them
+    # configs import kljax_base.py beside them
+    return get_config_of(Path(path) if path else DEFAULT_CONFIG, defaults=default_config)
 
 
 def _parse_value(text: str) -> Any:
