@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from kljax.cli.self_command import kljax_argv
 from kljax.kernels.cpu import hostmem
 from kljax.kernels.cpu.hostmem import RETAIN_TUNABLES, TUNABLE, tuned_environment
 
@@ -52,7 +53,7 @@ def test_no_reexec_when_it_cannot_help_or_the_user_chose(environ, glibc, thp, sy
     assert tuned_environment(environ, glibc, thp, system) is None
 
 
-def test_reexec_runs_python_m_kljax_with_the_same_arguments(monkeypatch):
+def test_reexec_runs_kljax_with_the_same_arguments(monkeypatch):
     calls = []
     monkeypatch.setattr(hostmem, "_glibc_version", lambda: GLIBC)
     monkeypatch.setattr(hostmem, "_thp_mode", lambda: "madvise")
@@ -61,7 +62,7 @@ def test_reexec_runs_python_m_kljax_with_the_same_arguments(monkeypatch):
     monkeypatch.delenv("KLJAX_HUGEPAGES", raising=False)
     hostmem.reexec_with_malloc_tunables(["train", "--workdir", "w"], execve=lambda *a: calls.append(a))
     (path, argv, env), = calls
-    assert path == sys.executable and argv == [sys.executable, "-m", "kljax", "train", "--workdir", "w"]
+    assert path == sys.executable and argv == kljax_argv(["train", "--workdir", "w"])  # not from the cwd
     assert env["GLIBC_TUNABLES"] == f"{TUNABLE}=1"
     monkeypatch.setenv("GLIBC_TUNABLES", env["GLIBC_TUNABLES"])  # the re-executed process does not loop
     hostmem.reexec_with_malloc_tunables(["train"], execve=lambda *a: calls.append(a))

@@ -13,6 +13,7 @@ import pytest
 from kljax.cli import main as cli_main
 from kljax.studies.report import InstabilityRule, instability
 from kljax.studies.sweep import _prepare, load_sweep, run_sweep
+from kljax.train.owned_paths import MARKER
 
 # The tiny config sharded over the 8 simulated devices (tests/conftest.py).
 MESH = ["--config.mesh.data=1", "--config.mesh.fsdp=4", "--config.mesh.tensor=2"]
@@ -65,10 +66,11 @@ def test_prepare_decides_skip_resume_restart(tmp_path):
     (partial / "checkpoints" / "4").mkdir(parents=True)
     (broken / "checkpoints" / "4.orbax-checkpoint-tmp-1").mkdir(parents=True)  # an unfinished write
     (broken / "metrics.jsonl").write_text('{"step": 1}\n')
+    (broken / "sweep_run.json").write_text("{}")  # the sweep made it (an older kljax's record; now its marker)
     assert _prepare(finished) == (True, False)
     assert _prepare(partial) == (False, True)
-    assert _prepare(broken) == (False, False) and not broken.exists()  # started over from scratch
-    assert _prepare(new) == (False, False)
+    assert _prepare(broken) == (False, False) and os.listdir(broken) == [MARKER]  # started over from scratch
+    assert _prepare(new) == (False, False) and os.listdir(new) == [MARKER]
 
 
 def test_sft_directory_with_other_settings_is_refused(tmp_path):

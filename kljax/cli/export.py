@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 ACCEPTS_CONFIG_OVERRIDES = True
+EXPORT_RECORD = "kljax_export.json"  # the run and step an export came from; also marks it as written by export
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -24,7 +27,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step", type=int, default=None, help="the checkpoint step (default: the latest)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                         help="dtype of the written tensors (default: the run's param dtype)")
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a non-empty --out that an earlier `kljax export` wrote")
 
 
 def is_run_workdir(path: str | Path) -> bool:
@@ -52,32 +56,68 @@ def char_tokenizer_files(tokenizer: Any, out_dir: str | Path) -> Path:
     return Path(out_dir)
 
 
+def _check_out(workdir: str | Path, out: Path, overwrite: bool) -> Path:
+    """The resolved --out (symbolic links followed) after the checks that keep the run and anything
+    kljax did not write safe: not the run, not inside it, not containing it; a non-empty one only with
+    --overwrite and when an earlier export wrote it (`kljax.train.owned_paths`)."""
+    from kljax.errors import UserError
+    from kljax.train.owned_paths import check_apart, is_marked
+
+    check_apart(out, workdir, "--out", "the run")
+    real = out.resolve()
+    if real.exists() and not real.is_dir():
+        raise UserError(f"--out {out} is a file; give a directory")
+    if real.is_dir() and any(real.iterdir()):
+        if not overwrite:
+            raise UserError(f"--out {out} exists and is not empty; pass --overwrite to replace it")
+        if not is_marked(real, legacy=(EXPORT_RECORD,)):
+            raise UserError(f"--out {out} is not empty and holds no {EXPORT_RECORD}: `kljax export` did not write "
+                            "it, so --overwrite does not delete it; remove it yourself or give a new directory")
+    return real
+
+
 def export_run(workdir: str | Path, out: str | Path, step: int | None = None, dtype: str | None = None,
                overwrite: bool = False, overrides: list[str] | None = None) -> tuple[Path, int]:
-    """Write checkpoint `step` (default: the latest) of `workdir` to `out` as an HF checkpoint; (out, step)."""
+    """Write checkpoint `step` (default: the latest) of `workdir` to `out` as an HF checkpoint; (out, step).
+
+    Written into a new directory next to `out` and renamed into place, so an existing export is
+    replaced only once the new one is complete, and only when `_check_out` allows it."""
+    import jax
+
     from kljax.models.convert import export_hf, read_hf_config
     from kljax.studies import evaluate as ev
+    from kljax.train.owned_paths import mark, remove_marked
 
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file; give a directory")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ValueError(f"--out {out} exists and is not empty; pass --overwrite to replace it")
+    real = _check_out(workdir, Path(out), overwrite)
     params, policy, config, step = ev.restore_params(workdir, step, overrides=overrides or ())
     source = str(config.model.source)
-    with tempfile.TemporaryDirectory() as tmp:
-        if source == "tiny":
-            hf_config, tokenizer_dir = None, char_tokenizer_files(policy.tokenizer, tmp)
-        else:
-            if source == "default":
-                from kljax.models.default import default_model_dir
+    real.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{real.name}.export-", dir=real.parent))
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            if source == "tiny":
+                hf_config, tokenizer_dir = None, char_tokenizer_files(policy.tokenizer, tmp)
+            else:
+                if source == "default":
+                    from kljax.models.default import default_model_dir
 
-                source = str(default_model_dir())
-            hf_config, tokenizer_dir = read_hf_config(source), source
-        written = export_hf(params, policy.model, out, hf_config=hf_config, dtype=dtype, tokenizer_dir=tokenizer_dir,
-                            overwrite=True)
-    (written / "kljax_export.json").write_text(json.dumps({"workdir": str(workdir), "step": step}, indent=2) + "\n")
-    return written, step
+                    source = str(default_model_dir())
+                hf_config, tokenizer_dir = read_hf_config(source), source
+            written = export_hf(params, policy.model, staging / "hf", hf_config=hf_config, dtype=dtype,
+                                tokenizer_dir=tokenizer_dir)
+        if jax.process_index() == 0:
+            (written / EXPORT_RECORD).write_text(json.dumps({"workdir": str(workdir), "step": step}, indent=2) + "\n")
+            mark(written, "kljax export")
+            if real.is_dir() and any(real.iterdir()):
+                old = staging / "replaced"
+                os.replace(real, old)  # checked by _check_out: an earlier export
+                os.replace(written, real)
+                remove_marked(old, "--out", legacy=(EXPORT_RECORD,))
+            else:
+                os.replace(written, real)  # a new or empty directory
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # kljax's own temporary directory
+    return Path(out), step
 
 
 def run(args: argparse.Namespace) -> int:

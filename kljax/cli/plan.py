@@ -95,7 +95,9 @@ def _reexec(args: argparse.Namespace, devices: int) -> int:
     env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
     env["JAX_PLATFORMS"] = "cpu"
     env[CHILD_ENV] = "1"
-    return subprocess.call([sys.executable, "-m", "kljax", *_child_argv(args, devices)], env=env)
+    from kljax.cli.self_command import kljax_argv
+
+    return subprocess.call(kljax_argv(_child_argv(args, devices)), env=env)  # nothing from the working directory
 
 
 def run(args: argparse.Namespace) -> int:

@@ -457,8 +457,11 @@ def export_hf(
             for name in TOKENIZER_FILES:
                 if (Path(tokenizer_dir) / name).is_file():
                     shutil.copy2(Path(tokenizer_dir) / name, tmp / name)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
+        from kljax.train.owned_paths import mark, remove_marked
+
+        mark(tmp, "kljax.models.convert.export_hf")
+        if out_dir.is_symlink() or (out_dir.exists() and any(out_dir.iterdir())):
+            remove_marked(out_dir, "overwrite of")  # only an earlier export_hf output (or an empty directory)
         os.replace(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

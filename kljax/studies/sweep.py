@@ -26,9 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import subprocess
-import sys
 import time
 import traceback
 from collections.abc import Iterable
@@ -37,7 +35,9 @@ from typing import Any
 
 import ml_collections
 
+from kljax.errors import read_json
 from kljax.train.config import REPO_ROOT, apply_overrides, load_config, validate
+from kljax.train.owned_paths import mark, remove_marked, single_component
 
 CURVE_KEYS = ("reward", "accuracy", "kl_seq", "k1", "k2", "k3", "entropy", "grad_norm", "loss", "pg_loss", "kl_loss",
               "nonfinite", "response_length", "clip_fraction", "ratio_mean", "beta", "time_step")
@@ -90,15 +90,23 @@ def sweep_from_spec(raw: Any, base_dir: str | os.PathLike = REPO_ROOT / "configs
     base = _find(spec["base_config"], Path(base_dir))
     common = [*spec.get("base_overrides", []), *(o.lstrip("-").removeprefix("config.") for o in extra_overrides)]
     variants = spec.get("variants") or {"default": []}
+    if not isinstance(variants, dict) or not all(isinstance(o, (list, tuple)) for o in variants.values()):
+        raise ValueError(f"variants={variants!r} must map each variant name to its list of overrides, e.g. "
+                         "{'onpolicy': [], 'async4': ['rl.async_level=4']}")
+    for variant in variants:
+        single_component(str(variant), "sweep variant name")  # it names the run's directory
     points = []
     for kl_item in spec.get("kl") or ["k1-reward"]:
         kl_name, kl = resolve_kl(kl_item)
-        betas = [None] if kl.get("placement") == "none" else list(spec.get("beta") or [None])
+        if kl.get("placement") != "none" and not list(spec.get("beta") or []):
+            raise ValueError(f"beta={spec.get('beta')!r} gives no beta for the KL configuration {kl_name}: list at "
+                             "least one (beta=[0.05]); a run without KL is kl='none'")
+        betas = [None] if kl.get("placement") == "none" else list(spec["beta"])
         for beta in betas:
             for variant, variant_overrides in variants.items():
                 for seed in spec.get("seed") or [0]:
                     points.append(_point(base, kl_name, kl, beta, variant, int(seed), common, variant_overrides))
-    names = [p.name for p in points]
+    names = [single_component(p.name, "sweep run name") for p in points]
     if len(set(names)) != len(names):
         raise ValueError(f"the grid has duplicate run names: {sorted({n for n in names if names.count(n) > 1})}")
     return Sweep(path, base, spec, points)
@@ -160,18 +168,23 @@ def run_status(run_dir: Path) -> str:
 
 
 def _prepare(run_dir: Path) -> tuple[bool, bool]:
-    """(skip, resume) for a run directory; a run that died before its first checkpoint is removed."""
+    """(skip, resume) for a run directory; a run that died before its first checkpoint is removed,
+    when the sweep created its directory (`owned_paths.MARKER`, or sweep_run.json of an older kljax):
+    anything else there is a UserError naming it, not deleted."""
     status = run_status(run_dir)
     if status == "finished":
         return True, False
     if status == "broken":
-        shutil.rmtree(run_dir)
+        remove_marked(run_dir, "sweep run directory", legacy=("sweep_run.json",))
+    if status in ("broken", "new"):
+        run_dir.mkdir(parents=True)
+        mark(run_dir, "kljax sweep run")
     return False, status == "partial"
 
 
 def _record_time(run_dir: Path, seconds: float, how: str) -> None:
     path = run_dir / "sweep_run.json"
-    info = json.loads(path.read_text()) if path.exists() else {"wall_s": 0.0, "invocations": []}
+    info = read_json(path, "sweep run file") if path.exists() else {"wall_s": 0.0, "invocations": []}
     info["wall_s"] += seconds
     info["invocations"].append({"how": how, "wall_s": seconds})
     path.write_text(json.dumps(info, indent=2))
@@ -191,8 +204,10 @@ def _run_in_process(sweep: Sweep, point: GridPoint, run_dir: Path, resume: bool)
 
 
 def _command(sweep: Sweep, point: GridPoint, run_dir: Path, resume: bool) -> list[str]:
-    cmd = [sys.executable, "-m", "kljax", "train", "--config", str(sweep.base_config), "--workdir", str(run_dir),
-           "--no-progress", *(f"--config.{o}" for o in point.overrides)]
+    from kljax.cli.self_command import kljax_argv
+
+    cmd = kljax_argv(["train", "--config", str(sweep.base_config), "--workdir", str(run_dir), "--no-progress",
+                      *(f"--config.{o}" for o in point.overrides)])  # nothing imported from the working directory
     return [*cmd, "--resume"] if resume else cmd
 
 
@@ -203,7 +218,7 @@ def run_sweep(sweep: Sweep, out_dir: str | os.PathLike, parallel: int = 0, progr
     N >= 1 runs N `python -m kljax train` subprocesses at a time (logs in RUN_DIR/train.log)."""
     from tqdm.auto import tqdm
 
-    out_dir = Path(out_dir)
+    out_dir = Path(out_dir).absolute()  # the subprocesses run in another directory
     (out_dir / "runs").mkdir(parents=True, exist_ok=True)
     sweep = _with_sft(sweep, out_dir, progress, log)
     (out_dir / "sweep.json").write_text(json.dumps(
@@ -304,7 +319,7 @@ def run_record(point: GridPoint, run_dir: Path) -> dict[str, Any]:
     record["curves"] = {k: [_number(r.get(k)) for r in rows] for k in CURVE_KEYS if any(k in r for r in rows)}
     for name in ("eval_before", "eval_after", "sweep_run"):
         path = run_dir / f"{name}.json"
-        record[name] = json.loads(path.read_text()) if path.exists() else None
+        record[name] = read_json(path, "sweep run file") if path.exists() else None  # a cut file: named
     if (run_dir / "error.txt").exists():
         record["error"] = (run_dir / "error.txt").read_text()[-2000:]
     return record
@@ -315,7 +330,7 @@ def write_summary(sweep: Sweep, out_dir: str | os.PathLike) -> Path:
     out_dir = Path(out_dir)
     sft = None
     if (out_dir / "sft" / "sft.json").exists():
-        sft = json.loads((out_dir / "sft" / "sft.json").read_text())
+        sft = read_json(out_dir / "sft" / "sft.json", "sweep file")
     summary = {
         "sweep_config": str(sweep.path) if sweep.path else None, "base_config": str(sweep.base_config),
         "spec": sweep.spec, "sft": sft,

@@ -9,7 +9,6 @@ for (a checkpoint written on one mesh restores onto another).
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -83,9 +82,10 @@ class RunCheckpointer:
             aside = self.directory.with_name(self.directory.name + ".damaged")
             aside.mkdir(exist_ok=True)
             for step in steps:
-                target = aside / str(step)
-                if target.exists():
-                    shutil.rmtree(target)
+                target, n = aside / str(step), 0
+                while target.exists() or target.is_symlink():  # an earlier set-aside of this step: kept too
+                    n += 1
+                    target = aside / f"{step}.{n}"
                 os.replace(self.step_dir(step), target)
         self._manager.reload()
 

@@ -113,7 +113,8 @@ def expects_cpu_backend(environ: Mapping[str, str], find_spec: Callable[[str], o
 def reexec_with_malloc_tunables(
     args: Sequence[str], execve: Callable[[str, list[str], dict[str, str]], object] = os.execve
 ) -> None:
-    """Replace this process by `python -m kljax ARGS` with the malloc tunables `tuned_environment`
+    """Replace this process by `kljax ARGS` (`kljax.cli.self_command`: never importing from the working
+    directory) with the malloc tunables `tuned_environment`
     adds, if any, on a CPU backend (`expects_cpu_backend`); otherwise return and let the caller go on."""
     if not expects_cpu_backend(os.environ):
         return
@@ -122,4 +123,6 @@ def reexec_with_malloc_tunables(
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    execve(sys.executable, [sys.executable, "-m", "kljax", *args], env)
+    from kljax.cli.self_command import kljax_argv
+
+    execve(sys.executable, kljax_argv(args), env)

@@ -1,0 +1,79 @@
+"""What kljax may write over or delete: only directories it created, never the run it reads.
+
+    MARKER                        ".kljax-written": a file kljax puts in a directory when it creates it
+    mark(directory, what)         write the marker (call it on the fresh directory, before it is renamed
+                                  into place, so the directory is never there without it)
+    is_marked(directory, legacy)  a real directory (not a symbolic link) holding the marker, or one of
+                                  the `legacy` files that older kljax versions wrote there
+    remove_marked(directory, ...) shutil.rmtree only such a directory; anything else is a UserError
+    check_apart(out, run)         an output that is, contains or lies inside a run it reads (symbolic
+                                  links resolved) is a UserError
+    single_component(name, what)  a name used as one path component ("a/b", "..", "" refused)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+from kljax.errors import UserError
+
+MARKER = ".kljax-written"
+
+
+def mark(directory: str | os.PathLike, what: str) -> Path:
+    """Write DIRECTORY/.kljax-written saying which kljax job created the directory."""
+    path = Path(directory) / MARKER
+    path.write_text(json.dumps({"written_by": "kljax", "what": what}) + "\n")
+    return path
+
+
+def is_marked(directory: str | os.PathLike, legacy: Iterable[str] = ()) -> bool:
+    """Whether `directory` is a real directory (a symbolic link is not) holding MARKER or a `legacy` file."""
+    directory = Path(directory)
+    if directory.is_symlink() or not directory.is_dir():
+        return False
+    return any((directory / name).is_file() and not (directory / name).is_symlink() for name in (MARKER, *legacy))
+
+
+def remove_marked(directory: str | os.PathLike, what: str, legacy: Iterable[str] = ()) -> None:
+    """shutil.rmtree(directory) when kljax created it (`is_marked`); a UserError naming it otherwise."""
+    directory = Path(directory)
+    legacy = tuple(legacy)
+    if not is_marked(directory, legacy):
+        kind = "a symbolic link" if directory.is_symlink() else "not a directory kljax wrote"
+        names = " or ".join((MARKER, *legacy))
+        raise UserError(f"{what} {directory} is {kind} (no {names} in it): kljax does not delete it; "
+                        "move it away yourself or choose another path")
+    shutil.rmtree(directory)
+
+
+def _within(inner: Path, outer: Path) -> bool:
+    return inner == outer or outer in inner.parents
+
+
+def check_apart(out: str | os.PathLike, run: str | os.PathLike, out_flag: str = "--out",
+                run_what: str = "the run") -> None:
+    """A UserError when `out` is `run`, lies inside it or contains it (both resolved, symbolic links
+    followed), so writing or replacing `out` cannot delete what is read from `run`."""
+    out_r, run_r = Path(out).resolve(), Path(run).resolve()
+    if _within(out_r, run_r):
+        where = "is" if out_r == run_r else "lies inside"
+        raise UserError(f"{out_flag} {out} {where} {run_what} {run} ({out_r}); writing there would replace "
+                        "what is read: give a directory outside it")
+    if _within(run_r, out_r):
+        raise UserError(f"{out_flag} {out} contains {run_what} {run} ({run_r}); writing there would replace "
+                        "what is read: give a directory outside it")
+
+
+def single_component(name: str, what: str) -> str:
+    """`name` when it is usable as one path component; a UserError naming `what` otherwise."""
+    bad = (not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name
+           or (os.altsep is not None and os.altsep in name))
+    if bad:
+        raise UserError(f"{what} {name!r} is not a single path component (no '/', '\\', '.', '..' or empty "
+                        "name): it names a directory")
+    return name
