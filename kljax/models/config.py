@@ -14,6 +14,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from kljax.models.lora_config import LoraConfig
+
 # HF architecture name -> HF model_type. The only architectures kljax converts.
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
@@ -71,6 +73,7 @@ class ModelConfig:
     scan_layers: bool = True
     remat: str = "none"
     kernels: str = "auto"  # "plain" JAX, the "cpu" kernels, or "auto": cpu on a CPU backend only
+    lora: LoraConfig | None = None  # LoRA adapters (`kljax.models.lora`): None = full fine-tuning
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -122,7 +125,7 @@ class ModelConfig:
     def from_hf(cls, hf: Mapping[str, Any], **overrides: Any) -> ModelConfig:
         """Build from a HF `config.json` dict (transformers 4.x `rope_scaling` or 5.x `rope_parameters`).
 
-        `overrides` sets run-time fields (param_dtype, dtype, scan_layers, remat, kernels). Raises ValueError
+        `overrides` sets run-time fields (param_dtype, dtype, scan_layers, remat, kernels, lora). Raises ValueError
         for an unsupported architecture or feature (sliding windows, MLP bias, non-SiLU, rope types
         other than default/linear/llama3).
         """

@@ -48,8 +48,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from kljax.models import lora
 from kljax.models.config import ModelConfig
-from kljax.models.layers import attention, project, rms_norm, rope_cs
+from kljax.models.layers import attention, rms_norm, rope_cs
 from kljax.models.vocab_logprobs import vocab_logits, vocab_logprobs
 from kljax.parallel.sharding import constrain_batch
 
@@ -236,8 +237,9 @@ def _layer(
     """One pre-norm block: x + attn(norm(x)), then + SwiGLU(norm(x)). Updates the stacked cache."""
     dt, eps = x_btd.dtype, config.rms_norm_eps
     w = lambda name: lp[name].astype(dt)
+    proj = lambda x, name, n_in=1: lora.project(x, lp, name, n_in, config)  # + its adapter, where lp has one
     h = rms_norm(x_btd, lp["attn_norm"], eps, config)
-    q, k, v = project(h, w("q"), 1, config), project(h, w("k"), 1, config), project(h, w("v"), 1, config)
+    q, k, v = proj(h, "q"), proj(h, "k"), proj(h, "v")
     if config.qkv_bias:
         q, k, v = q + w("q_bias"), k + w("k_bias"), v + w("v_bias")
     if config.qk_norm:
@@ -254,12 +256,12 @@ def _layer(
     else:
         keys, values = k, v
     attn = attention(q, keys, values, allowed_bts, config)
-    x_btd = x_btd + project(attn, w("o"), 2, config)
+    x_btd = x_btd + proj(attn, "o", 2)
     if config.o_bias:
         x_btd = x_btd + w("o_bias")
     h = rms_norm(x_btd, lp["mlp_norm"], eps, config)
-    gated = jax.nn.silu(project(h, w("gate"), 1, config)) * project(h, w("up"), 1, config)
-    return x_btd + project(gated, w("down"), 1, config), cache_kv
+    gated = jax.nn.silu(proj(h, "gate")) * proj(h, "up")
+    return x_btd + proj(gated, "down"), cache_kv
 
 
 def _unstacked(layers: Params) -> list[Params]:

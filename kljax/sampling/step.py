@@ -331,9 +331,17 @@ def plain_decode_step(
 
 
 def step_weights(params: Params, config: ModelConfig, mesh: Mesh | None) -> Any:
-    """What the decode step reads: `decode_weights` for the CPU layout, the params themselves otherwise."""
+    """What the decode step reads: `decode_weights` for the CPU layout, the params themselves otherwise.
+
+    LoRA adapters (`kljax.models.lora`) are merged into the CPU layout's weights, which are a copy
+    anyway (no extra memory, no adapter matmuls per token); under plain kernels the model's own
+    forward applies them unmerged, so the decode holds no second copy of the base."""
     if not config.cpu_kernels:
         return params
+    if config.lora is not None:
+        from kljax.models.lora import merge
+
+        params = merge(params, config)
     return decode_weights(params, config, fuse=mesh is None and FUSE_WEIGHTS)
 
 

@@ -26,7 +26,8 @@ Params = Any
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class TrainState:
-    """params: the policy; opt_state: optax state; step: int32 scalar; rng: uint32 key data [2]."""
+    """params: the policy (with model.lora: only its adapters, `kljax.models.lora`); opt_state: optax
+    state; step: int32 scalar; rng: uint32 key data [2]."""
 
     params: Params
     opt_state: Any
@@ -95,6 +96,21 @@ def make_optimizer(c: OptimConfig) -> optax.GradientTransformation:
 def param_shardings(model_config: ModelConfig, mesh: Mesh) -> Params:
     """NamedSharding pytree for the model's parameters on `mesh` (from their logical axes)."""
     return shd.logical_to_sharding(tfm.logical_axes(model_config), tfm.param_shapes(model_config), mesh)
+
+
+def adapter_shardings(model_config: ModelConfig, mesh: Mesh) -> Params:
+    """NamedSharding pytree of the LoRA adapters (`kljax.models.lora.logical_axes`: A split like its base
+    weight's input axes, B like its output axes, the rank axis replicated)."""
+    from kljax.models import lora
+
+    return shd.logical_to_sharding(lora.logical_axes(model_config), lora.adapter_shapes(model_config), mesh)
+
+
+def trained_shardings(model_config: ModelConfig, mesh: Mesh) -> Params:
+    """Shardings of what the train state's params hold: the adapters with model.lora, else every parameter."""
+    if model_config.lora is not None:
+        return adapter_shardings(model_config, mesh)
+    return param_shardings(model_config, mesh)
 
 
 def state_shardings(
