@@ -59,7 +59,7 @@ def reward_set(user_file, names, **reward):
     c = load_config("configs/tiny.py")
     c = apply_overrides(c, [f"--config.reward.functions={','.join(f'{user_file}:{n}' for n in names)}",
                             *[f"--config.reward.{k}={v}" for k, v in reward.items()]])
-    return RewardSet.from_config(c, get_task("repeat_digit"))
+    return RewardSet.from_config(c, get_task("repeat_digit"), columns=["answer", "level"])
 
 
 def test_weighted_sum_and_per_function_metrics(user_file):

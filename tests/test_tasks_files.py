@@ -97,12 +97,17 @@ def test_prompts_system_prompt_template_messages_and_answer_line(tmp_path):
     tok = ChatTokenizer()
     task = FileTask("jsonl", str(path), prompt_key="question", answer_key="answer", eval_fraction=0)
     ex = task.examples("train")[0]
-    assert prompt_texts([ex], task, tok, "chat") == [f"<system>{SYSTEM_PROMPT}<user>2+2=<assistant>"]
-    task.system_prompt = ""
+    # the user's data: no system prompt nor answer-format line unless asked; "auto" sends it as written
     assert prompt_texts([ex], task, tok, "chat") == ["<user>2+2=<assistant>"]
+    assert prompt_texts([ex], task, tok, "auto") == ["2+2="]
+    task.system_prompt = SYSTEM_PROMPT
+    assert prompt_texts([ex], task, tok, "chat") == [f"<system>{SYSTEM_PROMPT}<user>2+2=<assistant>"]
+    assert prompt_texts([ex], task, tok, "auto") == [f"<system>{SYSTEM_PROMPT}<user>2+2=<assistant>"]
+    task.system_prompt = ""
     task.answer_format = "boxed"
     assert prompt_texts([ex], task, tok, "chat") == [f"<user>2+2=\n\n{ANSWER_FORMATS['boxed']}<assistant>"]
-    assert prompt_texts([ex], task, tok, "raw") == ["2+2="]
+    assert prompt_texts([ex], task, tok, "auto") == [f"2+2=\n\n{ANSWER_FORMATS['boxed']}"]
+    assert prompt_texts([ex], task, tok, "raw") == [f"2+2=\n\n{ANSWER_FORMATS['boxed']}"]
     chat = FileTask("jsonl", str(path), messages_key="messages", eval_fraction=0)
     assert prompt_texts(chat.examples("train"), chat, tok, "chat") == ["<user>hi<assistant>"]
     # config.task.system_prompt reaches built-in tasks too; "" leaves the system message out

@@ -36,18 +36,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kljax.api import RLTrainer
     from kljax.parallel import distributed
-    from kljax.train.config import apply_overrides, load_config
-    from kljax.train.trainer import NonFiniteError, train
+    from kljax.train.trainer import NonFiniteError
 
     try:
-        config = apply_overrides(load_config(args.config), getattr(args, "overrides", []))
+        # The Python API's path: the same config resolution, build and loop as kljax.RLTrainer
+        trainer = RLTrainer(config=args.config, overrides=getattr(args, "overrides", []), workdir=args.workdir,
+                            resume=args.resume or False, progress=not args.no_progress)
         if distributed.initialize(distributed.options_from(
             getattr(args, "coordinator", None), getattr(args, "num_processes", None), getattr(args, "process_id", None)
         )):
             distributed.quiet_unless_main()
-        summary = train(config, args.workdir, resume=args.resume, progress=not args.no_progress,
-                        stop_after=args.stop_after)
+        result = trainer.train(stop_after=args.stop_after)
+        summary = {"before": result.eval_before, "after": result.eval_after, "exact": result.exact,
+                   **({"stopped_at": result.stopped_at} if result.stopped_at is not None else {})}
     except ValueError as e:
         if getattr(args, "debug", False):
             raise
@@ -63,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     if "stopped_at" in summary:
         print(f"stopped after step {summary['stopped_at']}; continue with --resume")
         return 0
-    print("evaluation (greedy accuracy) before -> after:")
+    if summary["after"]:
+        print("evaluation (greedy accuracy) before -> after:")
     for split, after in summary["after"].items():
         before = summary["before"].get(split, {}).get("accuracy", float("nan"))
         print(f"  {split:<14} {before:.3f} -> {after['accuracy']:.3f}  (n={after['n']})")

@@ -17,7 +17,7 @@ def prompt_texts_for(config: ml_collections.ConfigDict, tokenizer: Any, prompts:
     """The text the run would have fed the model for each prompt (see the module docstring)."""
     from kljax.tasks.base import Example
     from kljax.tasks.files import FORMATS
-    from kljax.tasks.prompting import ANSWER_FORMATS, SYSTEM_PROMPT, render_messages
+    from kljax.tasks.prompting import ANSWER_FORMATS, render_messages
     from kljax.train.rollout import prompt_texts
 
     t = config.task
@@ -30,11 +30,13 @@ def prompt_texts_for(config: ml_collections.ConfigDict, tokenizer: Any, prompts:
                             tokenizer, fmt)
     if fmt == "raw":
         return list(prompts)
-    system = t.get("system_prompt", None)
-    system = SYSTEM_PROMPT if system is None else system
+    system = t.get("system_prompt", None) or ""  # the user's data: a system prompt only when asked
     line = f"\n\n{ANSWER_FORMATS[t.answer_format]}" if t.get("answer_format") else ""
+    if fmt == "auto" and not system:  # standard prompts as written (kljax.tasks.prompting)
+        return [p.strip() + line if line else p for p in prompts]
     return [render_messages(([{"role": "system", "content": system}] if system else [])
-                            + [{"role": "user", "content": p.strip() + line}], tokenizer, chat_template=fmt == "chat")
+                            + [{"role": "user", "content": p.strip() + line}], tokenizer,
+                            chat_template={"chat": True, "plain": False}.get(fmt))
             for p in prompts]
 
 

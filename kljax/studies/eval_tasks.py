@@ -20,7 +20,8 @@ def splits_for(config: ml_collections.ConfigDict, specs: str | None = None) -> l
 
     name = str(config.task.name)
     if specs is None:
-        specs = ",".join(f"{name}:{s.strip()}" for s in str(config.task.eval_splits).split(",") if s.strip())
+        specs = ",".join(f"{name}:{s.strip()}" for s in str(config.task.eval_splits).split(",") if s.strip()) or name
+        # eval_splits "": the task's own evaluation splits
     own, others = [], []
     for item in filter(None, (s.strip() for s in specs.split(","))):
         item_name = item.partition(":")[0].strip()

@@ -1,7 +1,8 @@
 """The task of a run config (`config.task`), and the check of every file row's prompt before compiling.
 
     task = task_from_config(config)            # registry task, or a FileTask for jsonl/parquet/csv/hf
-    dropped = check_prompts(task, config, tokenizer)   # {split: rows dropped}; ValueError naming file and row
+    splits = eval_split_names(config, task)    # task.eval_splits, "" = the data's own evaluation split(s)
+    dropped = check_prompts(task, config, tokenizer)   # {split: rows dropped}; ValueError naming the longest row
 """
 
 from __future__ import annotations
@@ -46,37 +47,65 @@ def task_from_config(config: ml_collections.ConfigDict) -> Task:
     return task
 
 
+def eval_split_names(config: ml_collections.ConfigDict, task: Task) -> list[str]:
+    """The splits config.task.eval_splits names, each checked; "" = the task's own evaluation splits (a data
+    file's test/validation split, none when all its rows train; a built-in task's splits but train)."""
+    from kljax.errors import UserError
+
+    text = str(config.task.get("eval_splits", "") or "")
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if text.strip() and not names:
+        raise UserError(f"config.task.eval_splits={text!r} names no split; give split names, e.g. 'test', or '' "
+                        "for the task's own evaluation splits")
+    if not names:
+        own = getattr(task, "default_eval_splits", None)
+        train = str(config.task.get("split", "train"))
+        names = list(own) if own is not None else [s for s in task.splits if s != train]
+    for name in names:
+        task.validate_split(name)
+    return names
+
+
 def check_prompts(task: Task, config: ml_collections.ConfigDict, tokenizer: Any,
-                  splits: list[str] | None = None) -> dict[str, int]:
-    """Render and tokenize every row's prompt of a FileTask's `splits` (default: all); a prompt longer than
-    rl.max_prompt_len tokens (or one the tokenizer cannot encode) is a ValueError naming its file and row,
-    or, with task.drop_overlong, is dropped. Returns {split: rows dropped}; other tasks: {}."""
-    from kljax.train.rollout import prompt_texts
+                  splits: list[str] | None = None, context: int | None = None) -> dict[str, int]:
+    """Render and tokenize every row's prompt of a FileTask's `splits` (default: all). Prompts longer than
+    rl.max_prompt_len tokens are a ValueError naming the longest one's file and row and the value that
+    fits them (within `context` - rl.max_new_tokens, the model's room), or, with task.drop_overlong, are
+    dropped; one the tokenizer cannot encode is a ValueError naming its row. Returns {split: rows
+    dropped}; other tasks: {}."""
+    from kljax.tasks.prompting import prompt_texts
 
     if not isinstance(task, FileTask):
         return {}
     max_len = int(config.rl.max_prompt_len)
     drop = bool(config.task.get("drop_overlong", False))
-    dropped = {}
+    lengths: dict[str, list[int]] = {}
+    longest: tuple[int, str] = (0, "")
     for split in splits or list(task.splits):
-        rows = task.rows(split)
-        examples = task.examples(split)
-        texts = prompt_texts(examples, task, tokenizer, str(config.task.prompt_format))
-        bad = []
-        for i, (row, text) in enumerate(zip(rows, texts, strict=True)):
+        texts = prompt_texts(task.examples(split), task, tokenizer, str(config.task.prompt_format))
+        lengths[split] = []
+        for row, text in zip(task.rows(split), texts, strict=True):
             where = f"{row.where}, row {row.index + 1}"
             try:
                 n = len(tokenizer.encode(text, add_special_tokens=False))
             except ValueError as e:
                 raise ValueError(f"{where}: the prompt cannot be tokenized: {e}") from None
-            if n > max_len:
-                if not drop:
-                    raise ValueError(f"{where}: the prompt has {n} tokens after templating, more than "
-                                     f"rl.max_prompt_len={max_len}; raise it, shorten the prompt, or set "
-                                     "task.drop_overlong=True to leave such rows out")
-                bad.append(i)
-            elif n == 0:
+            if n == 0:
                 raise ValueError(f"{where}: the prompt is empty after tokenization")
+            lengths[split].append(n)
+            longest = max(longest, (n, where))
+    over = sum(n > max_len for ns in lengths.values() for n in ns)
+    if over and not drop:
+        n, where = longest
+        room = "" if context is None else (f" (the model's context of {context} leaves room for "
+                                           f"{context - int(config.rl.max_new_tokens)} with rl.max_new_tokens="
+                                           f"{int(config.rl.max_new_tokens)})")
+        raise ValueError(f"{where}: the prompt has {n} tokens after templating, more than rl.max_prompt_len="
+                         f"{max_len}, the longest of {over} such rows; set rl.max_prompt_len={n}{room}, shorten the "
+                         "prompts, or set task.drop_overlong=True to leave such rows out")
+    dropped = {}
+    for split, ns in lengths.items():
+        bad = [i for i, n in enumerate(ns) if n > max_len]
         if bad:
             task.drop(split, bad)
         dropped[split] = len(bad)

@@ -8,14 +8,17 @@ error, a fresh worker replaces the old one, and the other items of the batch go 
 (`concurrent.futures.ProcessPoolExecutor` cannot do this: it cannot kill a hung task, and one dead
 worker breaks the whole pool.)
 
-Each worker is a fresh interpreter (`subprocess`, `sys.executable`, the caller's `sys.path`) that talks
-to the pool over two pipes with `multiprocessing.connection` framing. Unlike a multiprocessing "fork"
-worker it never inherits a multi-threaded JAX process (which can deadlock), and unlike a "spawn"
+Each worker is a fresh, isolated interpreter (`sys.executable -I`: no working directory on its path, no
+PYTHON* variables, so a `json.py` where the user stands is never executed) given the caller's `sys.path`
+explicitly; it talks to the pool over two pipes with `multiprocessing.connection` framing. Unlike a
+multiprocessing "fork" worker it never inherits a multi-threaded JAX process (which can deadlock), and unlike a "spawn"
 worker it never re-imports the caller's `__main__`, so scripts and notebooks need no
 `if __name__ == "__main__":` guard. Each worker imports the `preload` modules before it reports
 ready, so a slow import (math-verify takes about a second) never counts against an item's time limit.
-`fn` and its arguments are pickled: `fn` must be a module-level function or a bound method of a
-picklable object whose class a fresh interpreter can import.
+`fn` and its arguments are pickled here (a failure is that item's error): `fn` must be a module-level
+function or a bound method of a picklable object whose class a fresh interpreter can import
+(`kljax.tasks.reward_functions.RewardRef` carries other callables by value). `map(...,
+stop_on_error=True)` returns at the first failed item, the items not yet run marked "not run".
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import dataclasses
 import importlib
 import json
 import os
+import pickle
 import subprocess
 import sys
 import threading
@@ -37,10 +41,11 @@ from typing import Any
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_PRELOAD = ("kljax.tasks.rewards", "math_verify")
 _SYS_PATH_ENV = "KLJAX_VERIFIER_SYS_PATH"
-_BOOT = (
-    "import json, os, sys; sys.path[:0] = json.loads(os.environ.pop('KLJAX_VERIFIER_SYS_PATH', '[]')); "
+_BOOT = (  # run with -I: the working directory is not on sys.path until the caller's path replaces it
+    "import json, os, sys; sys.path[:] = json.loads(os.environ.pop('KLJAX_VERIFIER_SYS_PATH', '[]')) or sys.path; "
     "from kljax.tasks.pool import _worker_entry; _worker_entry()"
 )
+NOT_RUN = "not run (an earlier item failed)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,8 +82,9 @@ def _worker_main(jobs: Connection, results: Connection, preload: Sequence[str]) 
             return
         if message is None:
             return
-        job_id, fn, args = message
+        job_id, payload = message
         try:
+            fn, args = pickle.loads(payload)  # here, not in recv: an unpicklable job is that job's error
             reply = (job_id, True, fn(*args))
         except BaseException as exc:  # noqa: BLE001 - report everything, the pool decides
             reply = (job_id, False, f"{type(exc).__name__}: {exc}"[:500])
@@ -99,7 +105,7 @@ class _Worker:
         env = {**os.environ, _SYS_PATH_ENV: json.dumps([p for p in sys.path if p])}
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-c", _BOOT, str(job_read), str(result_write), *preload],
+                [sys.executable, "-I", "-c", _BOOT, str(job_read), str(result_write), *preload],
                 pass_fds=(job_read, result_write),
                 stdin=subprocess.DEVNULL,
                 env=env,
@@ -169,9 +175,12 @@ class VerifierPool:
         self.restarts += 1
 
     def map(
-        self, fn: Callable[..., Any], args_list: Sequence[tuple[Any, ...]], timeout_s: float | None = None
+        self, fn: Callable[..., Any], args_list: Sequence[tuple[Any, ...]], timeout_s: float | None = None,
+        stop_on_error: bool = False,
     ) -> list[Outcome]:
-        """Run `fn(*args)` for every `args` of `args_list` on the workers; one Outcome per item, in order."""
+        """Run `fn(*args)` for every `args` of `args_list` on the workers; one Outcome per item, in order.
+        With `stop_on_error`, return once an item fails: busy workers are replaced, unsent items get
+        the error `NOT_RUN`."""
         if self.closed:
             raise RuntimeError("this VerifierPool is closed")
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
@@ -179,7 +188,7 @@ class VerifierPool:
             while len(self._workers) < self.num_workers:
                 self._workers.append(self._spawn())
             try:
-                return self._map_locked(fn, args_list, timeout)
+                return self._map_locked(fn, args_list, timeout, stop_on_error)
             except BaseException:  # e.g. KeyboardInterrupt: drop busy workers so no stale job outlives this call
                 for worker in list(self._workers):
                     if worker.job is not None or not worker.ready:
@@ -188,23 +197,30 @@ class VerifierPool:
                 raise
 
     def _map_locked(
-        self, fn: Callable[..., Any], args_list: Sequence[tuple[Any, ...]], timeout: float
+        self, fn: Callable[..., Any], args_list: Sequence[tuple[Any, ...]], timeout: float, stop_on_error: bool
     ) -> list[Outcome]:
         results: list[Outcome | None] = [None] * len(args_list)
         pending = collections.deque(range(len(args_list)))
         while pending or any(w.job is not None for w in self._workers):
+            if stop_on_error and any(r is not None and not r.ok for r in results):
+                for worker in list(self._workers):
+                    if worker.job is not None:  # its item's outcome is not needed: do not wait for it
+                        self._replace(worker)
+                return [r if r is not None else Outcome(error=NOT_RUN) for r in results]
             now = time.monotonic()
             for worker in list(self._workers):
                 if worker.ready and worker.job is None and pending:
                     job = pending.popleft()
                     try:
-                        worker.jobs.send((job, fn, args_list[job]))
+                        payload = pickle.dumps((fn, args_list[job]))
+                    except Exception as exc:  # noqa: BLE001 - e.g. a function or arguments that do not pickle
+                        results[job] = Outcome(error=f"could not send the job: {type(exc).__name__}: {exc}")
+                        continue
+                    try:
+                        worker.jobs.send((job, payload))
                     except (OSError, EOFError, ValueError):  # died while idle: retry the job elsewhere
                         pending.appendleft(job)
                         self._replace(worker)
-                        continue
-                    except Exception as exc:  # noqa: BLE001 - e.g. arguments that do not pickle
-                        results[job] = Outcome(error=f"could not send the job: {type(exc).__name__}: {exc}")
                         continue
                     worker.job, worker.deadline, worker.limit_s = job, now + timeout, timeout
             self._wait_once(results)

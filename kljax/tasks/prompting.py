@@ -7,6 +7,16 @@ The user message is the example's prompt, then the task's own instruction (if an
 format: "boxed" asks for the final answer in \\boxed{}, "answer_line" for a last line "Answer: ...".
 Both are what `answers.extract_final_answer` reads first.
 
+`prompt_texts(examples, task, tokenizer, prompt_format)` is the text the model is fed, by
+task.prompt_format:
+    auto   built-in tasks: the chat (with kljax's system prompt and answer-format line) through the
+           chat template, or the plain template without one. Data files (TRL's layouts): a standard
+           prompt as written; a conversational one through the chat template (without one: the
+           messages' contents, one per line). A system prompt or answer-format line only when asked.
+    chat   the conversation through the chat template (an error when the tokenizer has none)
+    plain  the conversation in `PLAIN_TEMPLATE`
+    raw    the prompt as written (conversational: the messages' contents, one per line)
+
 Tokenizers are duck-typed: anything with `apply_chat_template(messages, tokenize=False,
 add_generation_prompt=True)` and a non-empty `chat_template` attribute counts as having a chat
 template (Hugging Face tokenizers do; tests pass a tiny fake). Without one, `PLAIN_TEMPLATE` is used,
@@ -15,6 +25,7 @@ unless the template was asked for explicitly (`chat_template=True`), which is th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from kljax.tasks.base import Example, Task
@@ -25,6 +36,7 @@ ANSWER_FORMATS = {
     "answer_line": 'End your response with a line of the form "Answer: <your final answer>".',
 }
 PLAIN_TEMPLATE = "{system}\n\nUser: {user}\n\nAssistant:"
+PROMPT_FORMATS = ("auto", "chat", "plain", "raw")
 
 Message = dict[str, str]
 
@@ -100,3 +112,23 @@ def render_prompt(
     """`render_messages(build_messages(example, task, ...), tokenizer, chat_template=...)`."""
     messages = build_messages(example, task, answer_format=answer_format, system_prompt=system_prompt)
     return render_messages(messages, tokenizer, chat_template=chat_template)
+
+
+def prompt_texts(examples: Sequence[Example], task: Task, tokenizer: Any, prompt_format: str) -> list[str]:
+    """The text each prompt is tokenized from (see the module docstring for `prompt_format`)."""
+    if prompt_format not in PROMPT_FORMATS:
+        raise ValueError(f"config.task.prompt_format={prompt_format!r} is not valid; choose one of "
+                         f"{list(PROMPT_FORMATS)}")
+    template = {"chat": True, "plain": False}.get(prompt_format)  # auto: the tokenizer's when it has one
+    if hasattr(task, "messages"):  # the user's data (kljax.tasks.files.FileTask) builds its own conversation
+        if getattr(task, "conversational", False):
+            if prompt_format == "raw" or (prompt_format == "auto" and not has_chat_template(tokenizer)):
+                return ["\n".join(m["content"] for m in task.messages(ex)) for ex in examples]
+        elif prompt_format == "raw" or (prompt_format == "auto" and not task.system_prompt):
+            return [task.as_written(ex) for ex in examples]
+        return [render_messages(task.messages(ex), tokenizer, chat_template=template) for ex in examples]
+    if prompt_format == "raw":
+        return [ex.prompt for ex in examples]
+    system = getattr(task, "system_prompt", SYSTEM_PROMPT)  # config.task.system_prompt, see tasks.from_config
+    return [render_messages(build_messages(ex, task, system_prompt=system), tokenizer, chat_template=template)
+            for ex in examples]

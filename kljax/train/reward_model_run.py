@@ -24,7 +24,8 @@ from kljax.train.reward_set import RewardSet
 
 
 class RewardModelFunction:
-    """A loaded reward model as a batched reward function: fn(prompts, completions, **_) -> list[float]."""
+    """A loaded reward model as a batched reward function: fn(prompts, completions, **_) -> list[float]
+    (conversational prompts and completions are rendered as the conversation they are)."""
 
     spec = "reward.model"
 
@@ -46,12 +47,13 @@ class RewardModelFunction:
         ids = np.full((len(prompts), self.max_len), self.pad_id, np.int32)
         mask = np.zeros((len(prompts), self.max_len), bool)
         for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+            messages = (list(p) if isinstance(p, list) else [{"role": "user", "content": p}]) + (
+                list(c) if isinstance(c, list) else [{"role": "assistant", "content": c}])
             if chat:
-                text = self.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": p}, {"role": "assistant", "content": c}], tokenize=False)
+                text = self.tokenizer.apply_chat_template(messages, tokenize=False)
                 toks = self.tokenizer.encode(text, add_special_tokens=False)
             else:
-                toks = self.tokenizer.encode(p + c)
+                toks = self.tokenizer.encode("".join(m["content"] for m in messages))
             toks = list(toks)[-self.max_len:]
             ids[i, : len(toks)] = toks
             mask[i, : len(toks)] = True
@@ -76,14 +78,21 @@ class RewardModelFunction:
         return [float(s) for s in np.asarray(jax.device_get(scores))[:n]]
 
 
-def reward_from_config(config: ml_collections.ConfigDict, task: Task, mesh: Any,
-                       policy: Any = None) -> RewardSet | None:
-    """The RewardSet of config.reward (functions + reward model), or None when neither is set."""
+def reward_from_config(config: ml_collections.ConfigDict, task: Task, mesh: Any, policy: Any = None,
+                       functions: RewardSet | None = None) -> RewardSet | None:
+    """The RewardSet of config.reward (functions + reward model), or None when neither is set.
+    `functions`: the RewardSet of the functions, already bound (`RewardSet.from_config`, before the
+    policy loads); the reward model is added to it."""
     r = config.get("reward", ml_collections.ConfigDict())
+    rewards = functions if functions is not None else RewardSet.from_config(config, task)
     model_dir = str(r.get("model", "") or "")
-    model = None
     if model_dir:
         default_len = 2 * (int(config.rl.max_prompt_len) + int(config.rl.max_new_tokens))
         max_len = int(r.get("model_max_len", 0) or 0) or default_len
         model = RewardModelFunction(model_dir, mesh, max_len, dtype=str(config.model.get("dtype", "float32")))
-    return RewardSet.from_config(config, task, reward_model=model)
+        if rewards is None:
+            rewards = RewardSet(task, [], [], str(r.get("on_error", "raise")), r.get("timeout_s", None))
+        rewards.add("reward_model", model, float(r.get("model_weight", 1.0)))
+    if rewards is not None and policy is not None:
+        rewards.tokenizer = policy.tokenizer
+    return rewards

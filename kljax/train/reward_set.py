@@ -1,18 +1,23 @@
 """A run's reward: the weighted sum of reward functions (and a reward model), checked value by value.
 
-    rewards = RewardSet.from_config(config, task, reward_model=None)
-    result = rewards(examples, completions)     # RewardResult: total, correct, per-function scores, metrics
+    rewards = RewardSet.from_config(config, task)          # binds every signature: before the model loads
+    rewards.add("reward_model", fn, weight)                # a reward model, once loaded
+    result = rewards(examples, completions, completion_ids)  # RewardResult: total, correct, parts, metrics
 
-Each function is called once per batch (`kljax.tasks.reward_functions`). Its output must be one
-finite number per completion. A function that raises, times out, returns the wrong length, a
-non-number or a non-finite value is an error: with reward.on_error="raise" (default) a
-`RewardFunctionError` (a ValueError) names the function and the example; with "skip" the
-offending sequences score 0 for that function and are counted (`reward/NAME/errors`). When a
-batched call fails as a whole, each item is retried alone to find which examples fail.
+Each function is called once per batch by keyword, TRL's way (`kljax.tasks.reward_functions`), each
+with its own copies of the arguments: a function that mutates them changes nothing that another
+function, the accuracy or the data see. Its output must be one number or None per completion. None
+is "no score": that sample's sum leaves the function out (a sample no function scores is an error
+naming it). A function that raises, times out, returns the wrong length, a non-number, a non-finite
+value or one beyond float32's range is an error: with reward.on_error="raise" (default) a
+`RewardFunctionError` (a ValueError) names the function and the example; with "skip" the offending
+sequences score 0 for that function and are counted (`reward/NAME/errors`). When a batched call fails
+as a whole, items are retried alone to find the failing examples (with "raise", up to the first).
+A function that calls sys.exit or is interrupted stops the run with one line naming it.
 
 With reward.timeout_s set, the user's functions run in a `VerifierPool` of worker processes with that
-time limit per call (their code then cannot hang or crash the run); otherwise, and for the built-ins,
-in this process.
+time limit per call, their module imported there, within the limit too (their code then cannot hang,
+exit or crash the run); otherwise, and for the built-ins, in this process.
 
 Correctness (the `accuracy` metric) is always the task's own check (`score_batch`): for a file task
 without an answer column it is 0.
@@ -20,6 +25,8 @@ without an answer column it is 0.
 
 from __future__ import annotations
 
+import atexit
+import copy
 import dataclasses
 import math
 import numbers
@@ -29,12 +36,14 @@ from typing import Any
 import ml_collections
 import numpy as np
 
+from kljax.tasks import reward_functions as rf
 from kljax.tasks.base import Example, Task
-from kljax.tasks.pool import Outcome, VerifierPool
-from kljax.tasks.reward_functions import RewardRef, parse_specs
+from kljax.tasks.pool import NOT_RUN, Outcome, VerifierPool
 from kljax.tasks.rewards import score_batch
 
 ON_ERROR = ("raise", "skip")
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+_HOOKS = ("trainer_state", "log_metric", "log_extra")  # not per-sample: passed as they are
 
 
 class RewardFunctionError(ValueError):
@@ -43,8 +52,9 @@ class RewardFunctionError(ValueError):
 
 @dataclasses.dataclass
 class RewardResult:
-    """rewards [N] float32 (the weighted total), correct [N] bool, parts {name: [N] float32 unweighted},
-    metrics {"reward/NAME": mean, "reward/NAME/errors": count, "reward_errors": count}."""
+    """rewards [N] float32 (the weighted total), correct [N] bool, parts {name: [N] float32 unweighted,
+    NaN where the function gave no score}, metrics {"reward/NAME": mean over scored samples,
+    "reward/NAME/errors": count, "reward_errors": count}."""
 
     rewards: np.ndarray
     correct: np.ndarray
@@ -53,55 +63,174 @@ class RewardResult:
 
 
 def columns_of(examples: Sequence[Example]) -> dict[str, list[Any]]:
-    """The keyword columns of a batch: each example's row columns (file tasks) or metadata, plus `answer`."""
+    """The keyword columns of a batch: each example's row columns (file tasks) or metadata, plus `answer`
+    (TRL's `prompt`, `completion` and `completion_ids` columns left out)."""
     rows = [dict(ex.metadata.get("columns", ex.metadata)) for ex in examples]
     for row, ex in zip(rows, examples, strict=True):
         row.setdefault("answer", ex.answer)
-    keys = sorted({k for row in rows for k in row})
+    keys = sorted({k for row in rows for k in row} - set(rf.NOT_COLUMNS))
     return {k: [row.get(k) for row in rows] for k in keys}
 
 
-def _call(fn: Any, prompts: list[str], completions: list[str], columns: dict[str, list[Any]]) -> Any:
-    """Worker-side entry: the function's raw output (a module-level function, so it pickles)."""
-    out = fn(prompts, completions, **columns)
-    return list(out) if isinstance(out, np.ndarray) else out
+def task_columns(task: Task, split: str) -> list[str]:
+    """The column names a batch of `split` passes to reward functions."""
+    names = getattr(task, "column_names", None)
+    if names is not None:
+        return sorted(set(names) - set(rf.NOT_COLUMNS))
+    return sorted(columns_of(task.examples(split, n=4, seed=0)))
+
+
+def trainer_state(task: Task, split: str, step: int, position: int, max_steps: int) -> rf.TrainerState:
+    """TRL's `trainer_state` at 0-based `step`: epoch = rows drawn / rows of the split (file tasks; 0 else)."""
+    rows = len(task.rows(split)) if hasattr(task, "rows") else 0
+    return rf.TrainerState(global_step=step, epoch=position / rows if rows else 0.0, max_steps=max_steps)
+
+
+def check_reward_config(r: Any) -> None:
+    """config.reward's values that cannot be meant, whether or not any function is set (UserErrors)."""
+    from kljax.errors import UserError
+
+    on_error = r.get("on_error", "raise")
+    if on_error not in ON_ERROR:
+        raise UserError(f"reward.on_error={on_error!r} is not valid; choose one of {list(ON_ERROR)}")
+    timeout = r.get("timeout_s", None)
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not math.isfinite(timeout) or timeout <= 0):
+        raise UserError(f"reward.timeout_s={timeout!r} must be a number of seconds > 0, or None to run reward "
+                        "functions in this process")
+    parse_weights(r.get("weights", None), None)
+    if not isinstance(r.get("functions", ""), str):
+        raise UserError(f"reward.functions={r.get('functions')!r} must be a comma-separated string of "
+                        "module:fn, file.py:fn or built-in names")
+
+
+def parse_weights(value: Any, n: int | None) -> list[float]:
+    """reward.weights as n floats (None/"": all 1.0); a UserError naming the field when not numbers or not n."""
+    from kljax.errors import UserError
+
+    if value is None or value == "":
+        return [1.0] * (n or 0)
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        value = [value]
+    elif isinstance(value, str):
+        value = [v for v in value.split(",") if v.strip()]
+    try:
+        out = [float(v) for v in value if not isinstance(v, bool)]
+        if len(out) != len(value) or not all(math.isfinite(w) for w in out):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise UserError(f"reward.weights={value!r} must be finite numbers, one per reward function, e.g. "
+                        "(1.0,0.5)") from None
+    if n is not None and len(out) != n:
+        raise UserError(f"reward.weights={value!r} has {len(out)} values for {n} reward functions")
+    return out
+
+
+class _MetricLog:
+    """TRL's `log_metric(name, value)` (in this process; the workers' calls go nowhere) and `log_extra`."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, list[float]] = {}
+
+    def __call__(self, name: str, value: float) -> None:
+        self.values.setdefault(str(name), []).append(float(value))
+
+
+def _discard(*_: Any, **__: Any) -> None:
+    return None
 
 
 class RewardSet:
-    """Named reward callables with weights (see the module docstring)."""
+    """Named reward callables with weights (see the module docstring).
+
+    functions: (name, fn) pairs, fn a callable or a `RewardRef`; columns: the data's column names to
+    bind every signature against now (None: at the first call); conversational: prompts are message
+    lists and completions assistant messages (default: the task's `conversational`)."""
 
     def __init__(self, task: Task, functions: Sequence[tuple[str, Any]], weights: Sequence[float],
-                 on_error: str = "raise", timeout_s: float | None = None):
-        if on_error not in ON_ERROR:
-            raise ValueError(f"reward.on_error={on_error!r} is not valid; choose one of {list(ON_ERROR)}")
+                 on_error: str = "raise", timeout_s: float | None = None, columns: Sequence[str] | None = None,
+                 conversational: bool | None = None):
+        check_reward_config({"on_error": on_error, "timeout_s": timeout_s})
         if len(weights) != len(functions):
             raise ValueError(f"reward.weights has {len(weights)} values for {len(functions)} reward functions")
-        if timeout_s is not None and not timeout_s > 0:
-            raise ValueError(f"reward.timeout_s={timeout_s} must be > 0 (or None to run in this process)")
         names = [n for n, _ in functions]
         if len(set(names)) != len(names):
             raise ValueError(f"reward functions need distinct names, got {names}")
-        self.task, self.functions, self.weights = task, list(functions), [float(w) for w in weights]
+        self.task, self.weights = task, [float(w) for w in weights]
         self.on_error, self.timeout_s = on_error, timeout_s
+        self.conversational = bool(getattr(task, "conversational", False)) if conversational is None else conversational
+        self.tokenizer: Any = None  # encodes completions for `completion_ids` when a caller gives none
+        self.state = rf.TrainerState()  # the trainer sets it before each rollout
         self._pool: VerifierPool | None = None
+        self.functions = [(name, self._placed(fn)) for name, fn in functions]
+        self.keywords: dict[str, tuple[str, ...]] = {}
+        if columns is not None:
+            self.bind(columns)
+
+    def _placed(self, fn: Any) -> Any:
+        """fn as it will run: the user's callables as picklable RewardRefs when they run in the pool."""
+        if self.timeout_s is not None and rf.is_user_code(fn) and not isinstance(fn, rf.RewardRef):
+            return rf.callable_ref(fn)
+        return fn
+
+    def _in_pool(self, fn: Any) -> bool:
+        return self.timeout_s is not None and rf.is_user_code(fn)
 
     @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict, task: Task, reward_model: Any = None) -> RewardSet | None:
-        """The config's reward functions (+ the reward model, named "reward_model"); None when neither is set."""
+    def from_config(cls, config: ml_collections.ConfigDict, task: Task,
+                    functions: Sequence[Any] | None = None, columns: Sequence[str] | None = None) -> RewardSet | None:
+        """The config's reward functions (or `functions`: callables, specs or RewardRefs, e.g. from
+        `kljax.RLTrainer`), their signatures bound against `columns` (default: the task's); None when
+        there are none."""
         r = config.get("reward", ml_collections.ConfigDict())
-        refs = parse_specs(str(r.get("functions", "") or ""))
-        if not refs and reward_model is None:
-            return None
-        weights = _weights(r.get("weights", None), len(refs))
-        functions: list[tuple[str, Any]] = [(ref.name, ref) for ref in refs]
-        if len({n for n, _ in functions}) != len(functions):  # same function name from two places
-            functions = [(ref.spec.rsplit("/", 1)[-1], ref) for ref in refs]
-        if reward_model is not None:
-            functions.append(("reward_model", reward_model))
-            weights.append(float(r.get("model_weight", 1.0)))
+        check_reward_config(r)
         timeout = r.get("timeout_s", None)
-        return cls(task, functions, weights, str(r.get("on_error", "raise")),
-                   None if timeout is None else float(timeout))
+        if functions is None:
+            functions = rf.parse_specs(str(r.get("functions", "") or ""), load=timeout is None)
+        refs = [g for f in functions or () for g in (rf.parse_specs(f, load=timeout is None) if isinstance(f, str)
+                                                      else [f])]
+        if not refs:
+            return None
+        named = [(rf.function_name(f), f) for f in refs]
+        if len({n for n, _ in named}) != len(named):  # the same name from two places: tell them apart
+            named = [(getattr(f, "spec", n).rsplit("/", 1)[-1] if isinstance(f, rf.RewardRef) else
+                      f"{getattr(f, '__module__', '')}.{n}", f) for n, f in named]
+        split = str(config.task.get("split", "train"))
+        return cls(task, named, parse_weights(r.get("weights", None), len(named)), str(r.get("on_error", "raise")),
+                   None if timeout is None else float(timeout),
+                   columns=task_columns(task, split) if columns is None else columns)
+
+    def add(self, name: str, fn: Any, weight: float) -> None:
+        """Add a function (the reward model) once it is loaded."""
+        if name in dict(self.functions):
+            raise ValueError(f"reward functions need distinct names; {name!r} is taken")
+        self.functions.append((name, self._placed(fn)))
+        self.weights.append(float(weight))
+        if self.keywords:
+            self.keywords[name] = self._keywords(name, self.functions[-1][1], list(self._columns))
+
+    def bind(self, columns: Sequence[str]) -> None:
+        """Bind every function's signature against the call's names and `columns` (ValueError naming it)."""
+        self._columns = list(columns)
+        self.keywords = {name: self._keywords(name, fn, self._columns) for name, fn in self.functions}
+
+    def _keywords(self, name: str, fn: Any, columns: list[str]) -> tuple[str, ...]:
+        spec = getattr(fn, "spec", name)
+        if self._in_pool(fn):  # its module is imported in a worker, within the time limit
+            (outcome,) = self._pool_map(rf.signature_of, [(fn,)])
+            if not outcome.ok:
+                raise RewardFunctionError(f"reward function {name!r} ({spec}) could not be loaded in a reward worker "
+                                          f"process: {outcome.error} (reward.timeout_s={self.timeout_s:g})")
+            sig = outcome.value
+        else:
+            sig = rf.signature_of(fn)
+        return rf.check_signature(name, spec, sig, columns)
+
+    def _pool_map(self, fn: Any, items: list[tuple[Any, ...]], stop_on_error: bool = False) -> list[Outcome]:
+        if self._pool is None or self._pool.closed:  # (re)opened: e.g. the final evaluation after close()
+            self._pool = VerifierPool(timeout_s=self.timeout_s, preload=("kljax.train.reward_set",))
+            atexit.register(self._pool.close)
+        return self._pool.map(fn, items, timeout_s=self.timeout_s, stop_on_error=stop_on_error)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -109,89 +238,118 @@ class RewardSet:
 
     # ------------------------------------------------------------------ scoring
 
-    def __call__(self, examples: Sequence[Example], completions: Sequence[str]) -> RewardResult:
+    def __call__(self, examples: Sequence[Example], completions: Sequence[str],
+                 completion_ids: Sequence[Sequence[int]] | None = None) -> RewardResult:
         n = len(examples)
-        prompts = [ex.prompt for ex in examples]
-        completions = [c if isinstance(c, str) else "" for c in completions]
+        texts = [c if isinstance(c, str) else "" for c in completions]
         columns = columns_of(examples)
+        if not self.keywords:
+            self.bind(list(columns))
+        if completion_ids is None:
+            encode = getattr(self.tokenizer, "encode", None)
+            completion_ids = [list(encode(t, add_special_tokens=False)) if encode else [] for t in texts]
+        log = _MetricLog()
+        batch = {
+            "prompts": [ex.metadata.get("messages", ex.prompt) if self.conversational else ex.prompt
+                        for ex in examples],
+            "completions": [[{"role": "assistant", "content": t}] for t in texts] if self.conversational else texts,
+            "completion_ids": [[int(t) for t in ids] for ids in completion_ids],
+            **columns, "trainer_state": self.state, "log_metric": log, "log_extra": _discard,
+        }
         total = np.zeros(n, np.float64)
+        scored = np.zeros(n, bool)
         parts, metrics = {}, {}
         errors = 0
         for (name, fn), weight in zip(self.functions, self.weights, strict=True):
-            scores, bad = self._score_one(name, fn, examples, prompts, completions, columns)
+            kwargs = {k: batch[k] for k in self.keywords[name]}
+            scores, bad = self._score_one(name, fn, examples, texts, kwargs)
             parts[name] = scores.astype(np.float32)
-            total += weight * scores
-            metrics[f"reward/{name}"] = float(np.mean(scores)) if n else float("nan")
+            has = ~np.isnan(scores)
+            total[has] += weight * scores[has]
+            scored |= has
+            metrics[f"reward/{name}"] = float(np.mean(scores[has])) if has.any() else float("nan")
             if self.on_error == "skip":
                 metrics[f"reward/{name}/errors"] = float(bad)
             errors += bad
         metrics["reward_errors"] = float(errors)
-        _, correct = score_batch(self.task, list(examples), completions) if n else (None, np.zeros(0, bool))
+        metrics.update({f"reward/{k}": float(np.mean(v)) for k, v in log.values.items()})
+        self._check_total(total, scored, parts, examples, texts)
+        _, correct = score_batch(self.task, list(examples), texts) if n else (None, np.zeros(0, bool))
         return RewardResult(total.astype(np.float32), np.asarray(correct, bool), parts, metrics)
 
-    def _run(self, fn: Any, calls: list[tuple[list[str], list[str], dict[str, list[Any]]]]) -> list[Outcome]:
-        # user functions only: the built-ins never hang (math_answer has its own pool and time limit)
-        in_pool = self.timeout_s is not None and isinstance(fn, RewardRef) and ":" in fn.spec
-        if in_pool:
-            if self._pool is None:
-                self._pool = VerifierPool(timeout_s=self.timeout_s, preload=("kljax.train.reward_set",))
-            return self._pool.map(_call, [(fn, *c) for c in calls], timeout_s=self.timeout_s)
+    def _check_total(self, total: np.ndarray, scored: np.ndarray, parts: dict[str, np.ndarray],
+                     examples: Sequence[Example], texts: list[str]) -> None:
+        if not scored.all():
+            i = int(np.argmin(scored))
+            raise RewardFunctionError(
+                f"no reward function scored {_where(examples[i], texts[i])}: each of {list(parts)} returned None "
+                "for it; return a number from at least one function for every sample")
+        big = np.abs(total) > FLOAT32_MAX
+        if big.any():
+            i = int(np.argmax(big))
+            terms = ", ".join(f"{w:g} * {name} {float(parts[name][i]):.4g}"
+                              for (name, _), w in zip(self.functions, self.weights, strict=True))
+            raise RewardFunctionError(f"the weighted reward {total[i]:.4g} of {_where(examples[i], texts[i])} is "
+                                      f"beyond float32's range ({terms}); scale the reward functions or reward.weights")
+
+    def _run(self, name: str, fn: Any, calls: list[dict[str, Any]]) -> list[Outcome]:
+        stop = self.on_error == "raise" and len(calls) > 1
+        if self._in_pool(fn):
+            return self._pool_map(rf.call, [(fn, c) for c in calls], stop_on_error=stop)
         out = []
-        for c in calls:
+        for kwargs in calls:
+            kwargs = {k: v if k in _HOOKS else copy.deepcopy(v) for k, v in kwargs.items()}  # its own copies
             try:
-                out.append(Outcome(value=_call(fn, *c)))
+                out.append(Outcome(value=rf.call(fn, kwargs)))
+            except (SystemExit, KeyboardInterrupt) as e:  # would end the run without a word: say who
+                what = "called sys.exit" if isinstance(e, SystemExit) else "was interrupted (KeyboardInterrupt)"
+                raise RewardFunctionError(f"reward function {name!r} ({getattr(fn, 'spec', name)}) {what}"
+                                          f"{f' ({e})' if str(e) else ''}; the run stops") from None
             except Exception as e:  # noqa: BLE001 - reported (or skipped) below, naming the function
                 out.append(Outcome(error=f"{type(e).__name__}: {e}"))
+            if stop and _problem(out[-1], 1) is not None:
+                break
         return out
 
-    def _score_one(self, name: str, fn: Any, examples: Sequence[Example], prompts: list[str],
-                   completions: list[str], columns: dict[str, list[Any]]) -> tuple[np.ndarray, int]:
+    def _score_one(self, name: str, fn: Any, examples: Sequence[Example], texts: list[str],
+                   kwargs: dict[str, Any]) -> tuple[np.ndarray, int]:
+        """Scores [n] float64 (NaN: no score) and the number of failed samples."""
         n = len(examples)
-        (outcome,) = self._run(fn, [(prompts, completions, columns)])
+        (outcome,) = self._run(name, fn, [kwargs])
         problem = _problem(outcome, n)
         if problem is None:
-            return np.asarray([float(v) for v in outcome.value], np.float64), 0
+            return _as_scores(outcome.value), 0
         why, index = problem
         if index is not None:  # the values came back, some of them bad: look at each
             per_item = [Outcome(value=[v]) for v in outcome.value]
         else:  # raised, timed out, or the wrong type or length: call each item alone to find the culprits
-            calls = [([prompts[i]], [completions[i]], {k: [v[i]] for k, v in columns.items()}) for i in range(n)]
-            per_item = self._run(fn, calls)
+            per_item = self._run(name, fn, [{k: v if k in _HOOKS else v[i:i + 1] for k, v in kwargs.items()}
+                                            for i in range(n)])
         scores = np.zeros(n, np.float64)
         bad: list[tuple[int | None, str]] = []
         for i, o in enumerate(per_item):
             p = _problem(o, 1)
             if p is None:
-                scores[i] = float(o.value[0])
+                scores[i] = _as_scores(o.value)[0]
             else:
                 bad.append((i, p[0]))
         if not bad:  # fails on the whole batch, on no item alone: nothing of it is kept
             bad, scores = [(None, why)], np.zeros(n, np.float64)
         if self.on_error == "raise":
-            i, what = bad[0]
+            i, what = next((b for b in bad if NOT_RUN not in b[1]), bad[0])
             raise RewardFunctionError(_message(name, fn, what, None if i is None else examples[i],
-                                               None if i is None else completions[i], n))
+                                               None if i is None else texts[i], n))
+        scores[[i for i, _ in bad if i is not None]] = 0.0
         return scores, n if bad[0][0] is None else len(bad)
 
 
-def _weights(value: Any, n: int) -> list[float]:
-    if value is None or value == "":
-        return [1.0] * n
-    if isinstance(value, numbers.Real):
-        value = [value]
-    elif isinstance(value, str):
-        value = [v for v in value.split(",") if v.strip()]
-    try:
-        out = [float(v) for v in value]
-    except (TypeError, ValueError):
-        raise ValueError(f"reward.weights={value!r} must be numbers, one per reward function") from None
-    if len(out) != n:
-        raise ValueError(f"reward.weights={value!r} has {len(out)} values for {n} reward functions")
-    return out
+def _as_scores(values: Sequence[Any]) -> np.ndarray:
+    return np.asarray([np.nan if v is None else float(v) for v in values], np.float64)
 
 
 def _problem(outcome: Outcome, n: int) -> tuple[str, int | None] | None:
-    """None when the output is n finite numbers, else (what is wrong, the bad index or None)."""
+    """None when the output is n numbers within float32's range or None, else (what is wrong, the bad
+    index or None)."""
     if not outcome.ok:
         return f"raised {outcome.error}", None
     value = outcome.value
@@ -200,19 +358,26 @@ def _problem(outcome: Outcome, n: int) -> tuple[str, int | None] | None:
     if len(value) != n:
         return "wrong length", None
     for i, v in enumerate(value):
+        if v is None:
+            continue
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, (numbers.Real, np.number)):
             return f"returned a non-number {type(v).__name__} {v!r:.40}", i
         if not math.isfinite(float(v)):
             return f"returned a non-finite value {float(v)}", i
+        if abs(float(v)) > FLOAT32_MAX:
+            return f"returned {float(v):.4g}, beyond float32's range (+-{FLOAT32_MAX:.3g}); scale it down", i
     return None
+
+
+def _where(example: Example, completion: str) -> str:
+    return (f"example {example.id} ({example.metadata.get('where', example.task)}, prompt {example.prompt[:60]!r}, "
+            f"completion {completion[:60]!r})")
 
 
 def _message(name: str, fn: Any, why: str, example: Example | None, completion: str | None, n: int) -> str:
     spec = getattr(fn, "spec", name)
     if why == "wrong length":
         why = f"returned a list of the wrong length for a batch of {n}"
-    where = "on the batch" if example is None else (
-        f"on example {example.id} ({example.metadata.get('where', example.task)}, prompt {example.prompt[:60]!r}, "
-        f"completion {completion[:60]!r})")
+    where = "on the batch" if example is None else f"on {_where(example, completion or '')}"
     return (f"reward function {name!r} ({spec}) {why} {where}; fix the function or set reward.on_error=skip "
             "to score such sequences 0")
