@@ -74,7 +74,10 @@ def _worker_main(jobs: Connection, results: Connection, preload: Sequence[str]) 
             importlib.import_module(module)
         except Exception:  # noqa: BLE001 - a missing optional module only slows the first job
             pass
-    results.send(("ready", True, None))
+    try:
+        results.send(("ready", True, None))
+    except OSError:  # the pool went away while this worker started (e.g. the run stopped): leave quietly
+        return
     while True:
         try:
             message = jobs.recv()

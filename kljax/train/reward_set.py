@@ -110,6 +110,7 @@ def parse_weights(value: Any, n: int | None) -> list[float]:
 
     if value is None or value == "":
         return [1.0] * (n or 0)
+    given = value
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         value = [value]
     elif isinstance(value, str):
@@ -119,10 +120,10 @@ def parse_weights(value: Any, n: int | None) -> list[float]:
         if len(out) != len(value) or not all(math.isfinite(w) for w in out):
             raise ValueError
     except (TypeError, ValueError):
-        raise UserError(f"reward.weights={value!r} must be finite numbers, one per reward function, e.g. "
+        raise UserError(f"reward.weights={given!r} must be finite numbers, one per reward function, e.g. "
                         "(1.0,0.5)") from None
     if n is not None and len(out) != n:
-        raise UserError(f"reward.weights={value!r} has {len(out)} values for {n} reward functions")
+        raise UserError(f"reward.weights={given!r} has {len(out)} values for {n} reward functions")
     return out
 
 
@@ -219,8 +220,9 @@ class RewardSet:
         if self._in_pool(fn):  # its module is imported in a worker, within the time limit
             (outcome,) = self._pool_map(rf.signature_of, [(fn,)])
             if not outcome.ok:
+                why = outcome.error.removeprefix("ValueError: ")
                 raise RewardFunctionError(f"reward function {name!r} ({spec}) could not be loaded in a reward worker "
-                                          f"process: {outcome.error} (reward.timeout_s={self.timeout_s:g})")
+                                          f"process: {why} (reward.timeout_s={self.timeout_s:g})")
             sig = outcome.value
         else:
             sig = rf.signature_of(fn)
@@ -261,7 +263,7 @@ class RewardSet:
         parts, metrics = {}, {}
         errors = 0
         for (name, fn), weight in zip(self.functions, self.weights, strict=True):
-            kwargs = {k: batch[k] for k in self.keywords[name]}
+            kwargs = {k: batch.get(k, [None] * n) for k in self.keywords[name]}  # a column no row of it has: None
             scores, bad = self._score_one(name, fn, examples, texts, kwargs)
             parts[name] = scores.astype(np.float32)
             has = ~np.isnan(scores)
@@ -351,7 +353,8 @@ def _problem(outcome: Outcome, n: int) -> tuple[str, int | None] | None:
     """None when the output is n numbers within float32's range or None, else (what is wrong, the bad
     index or None)."""
     if not outcome.ok:
-        return f"raised {outcome.error}", None
+        worker = outcome.error.startswith(("timed out", "the worker process"))  # the pool's own words
+        return (outcome.error if worker else f"raised {outcome.error}"), None
     value = outcome.value
     if not isinstance(value, (list, tuple)):
         return f"returned {type(value).__name__}, not a list of {n} numbers", None
