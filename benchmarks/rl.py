@@ -105,6 +105,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="recompute activations in the backward pass on both sides (kljax model.remat='full', "
                         "TRL gradient_checkpointing=True, TRL's GRPOConfig default; with --micro-batches kljax then "
                         "accumulates layer gradients in place); off: neither does")
+    parser.add_argument("--lora", type=int, default=0, metavar="RANK",
+                        help="LoRA adapters of this rank on both sides (kljax model.lora, TRL a peft LoraConfig with "
+                        "the same rank, alpha and target modules); the base frozen, the reference the base with the "
+                        "adapters off on both sides. 0 (default): full fine-tuning")
+    parser.add_argument("--lora-alpha", type=float, default=16.0, help="LoRA alpha (scale alpha / rank), both sides")
+    parser.add_argument("--lora-targets", default="q,k,v,o,gate,up,down",
+                        help="LoRA targets, comma-separated (kljax names; TRL gets q_proj, ..., down_proj)")
     common.add_run_flags(parser)
 
 
@@ -128,6 +135,12 @@ def _validate(args: argparse.Namespace) -> dict[str, Any]:
     if not 1 <= threads <= len(cpus):
         raise ValueError(f"--threads must be between 1 and the {len(cpus)} available CPUs, got {args.threads}")
     common.check_peak_gflops(args.peak_gflops)
+    if args.lora < 0:
+        raise ValueError(f"--lora must be >= 0 (0: full fine-tuning), got {args.lora}")
+    if args.lora:
+        from kljax.models.lora_config import LoraConfig
+
+        LoraConfig(args.lora, args.lora_alpha, tuple(t.strip() for t in args.lora_targets.split(",") if t.strip()))
     model = args.model
     if model and not model.startswith(common.RANDOM_PREFIX) and not (Path(model) / "config.json").is_file():
         raise ValueError(f"--model {model!r} is neither an HF checkpoint directory (no config.json) nor "
@@ -141,6 +154,8 @@ def _validate(args: argparse.Namespace) -> dict[str, Any]:
         "dtype": args.dtype, "scan_layers": not args.no_scan,
         "gradient_checkpointing": bool(args.gradient_checkpointing),
         "micro_batches": args.micro_batches,
+        "lora_rank": args.lora, "lora_alpha": args.lora_alpha,
+        "lora_targets": [t.strip() for t in args.lora_targets.split(",") if t.strip()] if args.lora else [],
     }
 
 
@@ -333,7 +348,8 @@ def print_table(summary: dict[str, Any]) -> None:
     print(f"kljax bench rl: {s['model'] or 'SmolLM2-135M-Instruct'} on {s['task']}, {s['prompts']} prompts x "
           f"{s['group']} samples x {s['new_tokens']} new tokens, {s['repeats']} timed iterations, "
           f"{s['threads']} threads, update in {s['micro_batches']} micro-batch(es), {s['dtype']}"
-          f"{'' if s['scan_layers'] else ', layers unrolled'}")
+          f"{'' if s['scan_layers'] else ', layers unrolled'}"
+          + (f", LoRA rank {s['lora_rank']} on {','.join(s['lora_targets'])}" if s.get("lora_rank") else ""))
     print(f"{'system':10s} {'s/iter':>8s} {'min-max':>13s} {'sample':>7s} {'reward':>7s} {'score':>7s} "
           f"{'update':>7s} {'peak MiB':>9s} {'MFU':>7s} {'gen tok':>8s}")
     for key, side in summary["sides"].items():

@@ -31,6 +31,9 @@ def kljax_config(settings: dict[str, Any], prompt_format: str, max_prompt_len: i
     c.model.remat = "full" if settings["gradient_checkpointing"] else "none"
     c.model.dtype, c.model.param_dtype = settings["dtype"], "float32"
     c.model.scan_layers = settings["scan_layers"]
+    if settings.get("lora_rank"):  # adapters only; the base is frozen and is the reference
+        c.model.lora.rank, c.model.lora.alpha = settings["lora_rank"], float(settings["lora_alpha"])
+        c.model.lora.targets = ",".join(settings["lora_targets"])
     return c
 
 
@@ -56,7 +59,8 @@ def kljax_side(settings: dict[str, Any]) -> dict[str, Any]:
     setup_s = time.perf_counter() - t_setup
     rss_setup = common.peak_rss_mb()
     m = run.policy.model
-    params = common.body_and_head_params(sum(x.size for x in jax.tree.leaves(state.params)), m.vocab_size,
+    # the model's parameters (with LoRA the state holds only the adapters; the base is ref_params)
+    params = common.body_and_head_params(sum(x.size for x in jax.tree.leaves(ref_params)), m.vocab_size,
                                          m.hidden_size, m.tie_embeddings)
 
     beta = float(rs.kl.beta)
@@ -98,6 +102,7 @@ def kljax_side(settings: dict[str, Any]) -> dict[str, Any]:
         "rss_resident_at_end_mb": host_memory_mb(), "prompt_format": fmt, "max_prompt_len": longest,
         "compute_dtype": str(m.dtype), "param_dtype": str(jax.tree.leaves(state.params)[0].dtype),
         "scan_layers": bool(m.scan_layers),
+        "trained_params": sum(x.size for x in jax.tree.leaves(state.params)),
         "device": getattr(device, "device_kind", device.platform),
         "peak_device_mb": stats["peak_bytes_in_use"] / 2**20 if stats and "peak_bytes_in_use" in stats else None,
         "versions": common.versions(),

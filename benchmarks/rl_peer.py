@@ -23,6 +23,21 @@ from benchmarks import common
 from benchmarks.rl import BETA, CLIP, LEARNING_RATE, iteration_prompts, side_result
 
 
+def peft_config(settings: dict[str, Any]) -> Any:
+    """peft's LoraConfig matching kljax's model.lora (same rank, alpha, target modules, no dropout or
+    bias), or None for full fine-tuning. TRL then trains the adapters only and takes the reference
+    log-probs from the same model with the adapters disabled, as kljax does."""
+    if not settings.get("lora_rank"):
+        return None
+    from peft import LoraConfig
+
+    from kljax.models.lora import HF_MODULES
+
+    return LoraConfig(r=settings["lora_rank"], lora_alpha=settings["lora_alpha"], lora_dropout=0.0, bias="none",
+                      target_modules=[HF_MODULES[t].split(".")[-1] for t in settings["lora_targets"]],
+                      task_type="CAUSAL_LM")
+
+
 def peer_side(settings: dict[str, Any]) -> dict[str, Any]:
     """Run `GRPOTrainer.train()` for settings["iterations"] steps; the timed steps' seconds, split,
     tokens and model FLOPs (`rl.side_result`), peak memory and versions."""
@@ -84,7 +99,8 @@ def peer_side(settings: dict[str, Any]) -> dict[str, Any]:
         save_strategy="no", report_to="none", log_completions=False, dataloader_num_workers=0,
     )
     trainer = GRPOTrainer(model=settings["model_dir"], reward_funcs=arithmetic_reward, args=config,
-                          train_dataset=dataset, processing_class=tokenizer, callbacks=[Timer()])
+                          train_dataset=dataset, processing_class=tokenizer, callbacks=[Timer()],
+                          peft_config=peft_config(settings))
     generate = trainer._generate
 
     def timed_generate(*a: Any, **k: Any) -> Any:
@@ -103,7 +119,7 @@ def peer_side(settings: dict[str, Any]) -> dict[str, Any]:
     splits = [{"sample": s, "reward": r, "score_and_update": t - s - r, "total": t, "cpu": c}
               for s, r, t, c in zip(*(times[k][skip:] for k in ("sample", "reward", "total", "cpu")), strict=True)]
     model = trainer.model
-    params = common.body_and_head_params(sum(p.numel() for p in model.parameters()),
+    params = common.body_and_head_params(sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n),
                                          *model.get_input_embeddings().weight.shape, model.config.tie_word_embeddings)
     return side_result(splits, tokens[skip:], params, settings, int(trainer.state.global_step), extra={
         "first_iteration_s": round(times["total"][0], 3), "setup_s": round(setup_s, 3),
@@ -111,6 +127,7 @@ def peer_side(settings: dict[str, Any]) -> dict[str, Any]:
         "rss_resident_at_end_mb": psutil.Process().memory_info().rss / 2**20, "prompt_format": fmt,
         "prompt_tokens_match_kljax": same_tokens, "mixed_precision": str(trainer.accelerator.mixed_precision),
         "device": "cuda" if cuda else "cpu",
+        "trained_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "peak_device_mb": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
         "versions": common.versions(),
     })

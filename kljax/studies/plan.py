@@ -193,6 +193,9 @@ class Plan:
     programs: dict[str, ProgramMemory]
     phases: dict[str, int]
     chip: Chip | None = None
+    # With model.lora: rank, alpha, targets, adapter_params, and reference_copy_saved (bytes per device
+    # a separate reference copy would take: with LoRA the frozen base is the reference, `ref_params`)
+    lora: dict[str, Any] | None = None
 
     @property
     def resident(self) -> int:
@@ -266,11 +269,19 @@ def make_plan(config: ml_collections.ConfigDict, mesh_shape: tuple[int, int, int
     params = _abstract(tfm.param_shapes(model), p_sh)
     frozen = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, model.jnp_frozen_dtype, sharding=x.sharding),
                           params)  # the reference and async snapshots (`tfm.frozen_copy`)
+    lora_on = model.lora is not None
+    if lora_on:  # as `trainer.build`: the state trains the adapters; the frozen base is also the reference
+        from kljax.models import lora
+
+        params = _abstract(lora.adapter_shapes(model), st.adapter_shardings(model, mesh))
+        p_sh = jax.tree.map(lambda x: x.sharding, params)
     tx = st.make_optimizer(settings.optim)
     fresh = functools.partial(st._fresh_state, tx=tx, seed=settings.seed)
     state_shape = jax.eval_shape(fresh, params)
     state_sh = st.state_shardings(state_shape, p_sh, mesh, tx)
     state = _abstract(state_shape, state_sh)
+    ref_arg = (frozen,) if lora_on else ()  # the train step reads the base (and the full KL the reference)
+    policy_params = lora.combine if lora_on else (lambda base, trained: trained)  # the policy's full params
 
     b_prompts, g = rl.prompts_per_step, rl.group_size
     prompt_len = sampling.bucket_length(rl.max_prompt_len)
@@ -291,13 +302,15 @@ def make_plan(config: ml_collections.ConfigDict, mesh_shape: tuple[int, int, int
         step_settings = StepSettings(model, settings.kl, rl.loss_aggregation, rl.clip_low, rl.clip_high,
                                      rl.micro_batches, kl_metrics=policy_scored_in_update(rl, settings.kl, model))
         step_tx = settings.optim if model.cpu_kernels else tx  # as the trainer (`trainer.build`)
+        ref_sh = tuple(jax.tree.map(lambda x: x.sharding, r) for r in ref_arg)
         step = jax.jit(functools.partial(train_step, settings=step_settings, tx=step_tx),
-                       in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, None), donate_argnums=0)
+                       in_shardings=(state_sh, batch_sh, *ref_sh), out_shardings=(state_sh, None), donate_argnums=0)
         with jax.set_mesh(mesh):  # the context mesh turns on the model's activation sharding constraints
-            lowered = step.lower(state, batch)
+            lowered = step.lower(state, batch, *ref_arg)
         compiled["train"] = compile_memory("train step", lowered, top)
     if "score" in programs:
-        scorer = jax.jit(functools.partial(score, model=model, micro_batches=rl.micro_batches))
+        scorer = jax.jit(lambda trained, base, b: score(policy_params(base, trained), base, b, model=model,
+                                                        micro_batches=rl.micro_batches))
         with jax.set_mesh(mesh):
             lowered = scorer.lower(params, frozen, batch)
         compiled["score"] = compile_memory("score (policy + reference log-probs)", lowered, top)
@@ -307,15 +320,18 @@ def make_plan(config: ml_collections.ConfigDict, mesh_shape: tuple[int, int, int
         prompts = jax.ShapeDtypeStruct((b_prompts, prompt_len), jnp.int32, sharding=rows_sh(2))
         prompt_mask = jax.ShapeDtypeStruct((b_prompts, prompt_len), jnp.bool_, sharding=rows_sh(2))
         key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=shd.replicated(mesh))
-        lowered = sampler._generate_jit.lower(params, prompts, prompt_mask, key, config=model, sampling=sp,
-                                               mesh=mesh)
+        lowered = sampler._generate_jit.lower(policy_params(frozen, params), prompts, prompt_mask, key, config=model,
+                                               sampling=sp, mesh=mesh)
         compiled["sample"] = compile_memory("sampler (prefill + decode loop)", lowered, top)
 
     p_bytes, ref_bytes = sharded_bytes(params), sharded_bytes(frozen)
     opt_bytes = sharded_bytes(state) - p_bytes
-    snap_bytes = rl.async_level * ref_bytes
+    snap_bytes = rl.async_level * (sharded_bytes(params) * model.jnp_frozen_dtype.itemsize // 4 if lora_on
+                                   else ref_bytes)  # LoRA: snapshots of the float32 adapters in the frozen dtype
     resident = p_bytes + ref_bytes + opt_bytes + snap_bytes
-    resident_args = {"train": p_bytes + opt_bytes, "sample": p_bytes, "score": p_bytes + ref_bytes}
+    base_arg = ref_bytes if lora_on else 0  # the train step and the sampler also read the resident base
+    resident_args = {"train": p_bytes + opt_bytes + base_arg, "sample": p_bytes + base_arg,
+                     "score": p_bytes + ref_bytes}
     phases = {}
     for key_, prog in compiled.items():
         extra_args = max(prog.argument - resident_args[key_], 0)  # batch / prompts
@@ -327,6 +343,9 @@ def make_plan(config: ml_collections.ConfigDict, mesh_shape: tuple[int, int, int
         shapes={"prompts": b_prompts, "group": g, "sequences": rows, "prompt_len": prompt_len,
                 "new_tokens": resp, "micro_batches": rl.micro_batches, "async_level": rl.async_level},
         dtypes={"param_dtype": model.param_dtype, "dtype": model.dtype, "remat": model.remat},
+        lora=None if not lora_on else {"rank": model.lora.rank, "alpha": model.lora.alpha,
+                                       "targets": list(model.lora.targets), "adapter_params": lora.count(model),
+                                       "reference_copy_saved": ref_bytes},
         params=p_bytes, opt_state=opt_bytes, ref_params=ref_bytes, snapshots=snap_bytes, kv_cache=kv,
         programs=compiled, phases=phases, chip=chip,
     )
@@ -352,9 +371,18 @@ def format_plan(plan: Plan) -> str:
         f"per device ({unit})",
     ]
     row = lambda label, value: lines.append(f"  {label:<38} {num(value)}")
-    row("parameters", plan.params)
-    row("optimizer state (Adam moments)", plan.opt_state)
-    row("reference parameters", plan.ref_params)
+    if plan.lora is None:
+        row("parameters", plan.params)
+        row("optimizer state (Adam moments)", plan.opt_state)
+        row("reference parameters", plan.ref_params)
+    else:
+        lines.insert(2, f"  LoRA rank {plan.lora['rank']} (alpha {plan.lora['alpha']:g}) on "
+                        f"{','.join(plan.lora['targets'])}: {plan.lora['adapter_params'] / 1e6:.1f} M trained params; "
+                        f"the frozen base is also the reference (no second copy: "
+                        f"{plan.lora['reference_copy_saved'] / scale:.2f} {unit} per device saved)")
+        row("LoRA adapters (trained, float32)", plan.params)
+        row("adapters' Adam moments", plan.opt_state)
+        row("frozen base = reference (one copy)", plan.ref_params)
     row(f"off-policy snapshots (async_level={s['async_level']})", plan.snapshots)
     row("= resident", plan.resident)
     labels = {"train": "train step", "sample": "sampler", "score": "score"}

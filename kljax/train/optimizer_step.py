@@ -152,6 +152,8 @@ def update_in_place(
             new_mu, new_nu = leaf.moments(mu, nu, leaf.clip(g))
             return jnp.where(apply, new_mu, mu), jnp.where(apply, new_nu, nu)
 
+        if not jax.tree.leaves(g):  # nothing outside the layers (LoRA adapters: layers only)
+            return mn
         out = jax.tree.map(one, *mn, g)
         return jax.tree.transpose(jax.tree.structure(g), jax.tree.structure((0, 0)), out)
 
