@@ -59,7 +59,8 @@ def base() -> ml_collections.ConfigDict:
     c.log_samples_n = 4
     c.kl = ml_collections.ConfigDict(
         dict(estimator="k1", placement="reward", credit="sequence", scope="token", off_policy="none",
-             truncation=None, beta=0.05, target_kl=None, adapt_horizon=10000.0)
+             truncation=None, beta=0.05, target_kl=None, adapt_horizon=10000.0,
+             in_baseline=True)  # False: the reward-placed KL after the group baseline/scale (OpenRLHF)
     )
     c.rl = ml_collections.ConfigDict(
         dict(advantage="rloo", group_size=4, prompts_per_step=8, max_prompt_len=64, max_new_tokens=32,
@@ -67,7 +68,9 @@ def base() -> ml_collections.ConfigDict:
              clip_high=None, updates_per_batch=1, async_level=0, micro_batches=1,
              # on-policy in float32, take log pi of the sampled tokens from the sampler instead of a
              # second forward pass (16-bit compute always re-scores: rounding differs)
-             reuse_sampler_logprobs=True)
+             reuse_sampler_logprobs=True,
+             clip_ratio_c=None,  # dual-clip PPO (verl): > 1, or None
+             advantage_std_eps=1e-4)  # grpo: group std + this (TRL's 1e-4; verl 1e-6)
     )
     c.optim = ml_collections.ConfigDict(
         dict(learning_rate=1e-6, schedule="constant", warmup_steps=0, end_lr_fraction=0.0, weight_decay=0.0,

@@ -77,7 +77,7 @@ def test_rloo_grpo_dr_grpo_against_numpy():
     g = r.reshape(2, 4)
     loo = (g.sum(1, keepdims=True) - g) / 3
     np.testing.assert_allclose(adv.advantages(r, 4, "rloo"), (g - loo).reshape(-1), rtol=1e-6)
-    grpo = (g - g.mean(1, keepdims=True)) / (g.std(1, ddof=1, keepdims=True) + 1e-6)
+    grpo = (g - g.mean(1, keepdims=True)) / (g.std(1, ddof=1, keepdims=True) + 1e-4)  # TRL's eps
     np.testing.assert_allclose(adv.advantages(r, 4, "grpo"), grpo.reshape(-1), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(adv.advantages(r, 4, "dr_grpo"), (g - g.mean(1, keepdims=True)).reshape(-1))
     # A group whose rewards are all equal gives zero advantage, never nan.
@@ -94,6 +94,46 @@ def test_token_advantages_fold_the_penalty():
     returns = task - 0.5 * pen_b
     base = jnp.asarray([returns[1], returns[0], returns[3], returns[2]])
     np.testing.assert_allclose(a, task[:, None] - 0.5 * pen_bt - base[:, None], rtol=1e-6)
+
+
+def test_grpo_equal_group_is_zero_for_every_credit():
+    """Two identical responses with a KL penalty credited reward-to-go: the group's returns are
+    equal, so every token's advantage is 0 (it was beta x earlier KL / eps: [0, 14999.985, 4999.995])."""
+    task = jnp.asarray([1.0, 1.0, 0.0, 1.0])
+    pen_bt = jnp.asarray([[0.4, 0.1, 0.0], [0.4, 0.1, 0.0], [0.3, 0.2, 0.1], [0.2, 0.1, 0.0]])
+    pen_b = pen_bt[:, 0]  # reward-to-go: the sequence total is the first token's
+    for method in ("grpo",):
+        a = adv.token_advantages(task, pen_bt, pen_b, beta=0.3, group_size=2, method=method)
+        assert bool(jnp.all(a[:2] == 0)), a[:2]
+        returns = task - 0.3 * pen_b
+        std = jnp.std(returns[2:], ddof=1)
+        np.testing.assert_allclose(a[2:], (task[2:, None] - 0.3 * pen_bt[2:] - returns[2:].mean()) / (std + 1e-4),
+                                   rtol=1e-5)
+
+
+def test_kl_outside_the_baseline_is_added_after_it():
+    task = jnp.asarray([1.0, 0.0, 0.5, 0.5])
+    pen_bt = jnp.asarray([[0.5, 0.3], [0.2, 0.1], [0.1, 0.0], [0.4, 0.4]])
+    for method in adv.METHODS:
+        a = adv.token_advantages(task, pen_bt, pen_bt[:, 0], 0.5, 2, method, kl_in_baseline=False)
+        np.testing.assert_allclose(a, adv.advantages(task, 2, method)[:, None] - 0.5 * pen_bt, rtol=1e-6)
+        assert bool(jnp.all(adv.advantages(task, 2, method)[2:] == 0))
+
+
+def test_dual_clip_zeroes_the_gradient_of_a_large_ratio_with_negative_advantage():
+    """verl's clip_ratio_c: ratio 4 > c = 3 and A < 0 gives gradient 0 (2 without it: -A x ratio)."""
+    sampler = jnp.log(jnp.asarray([[0.1, 0.5, 0.1, 0.5]]))
+    logp = sampler + jnp.log(jnp.asarray([[4.0, 1.0, 4.0, 1.1]]))
+    a = jnp.asarray([[-0.5, -0.5, 0.5, 0.5]])
+    m = jnp.ones_like(a)
+    loss = lambda lp, c: jnp.sum(losses.policy_loss(lp, sampler, a, m, 0.2, None, c)[0])
+    g = jax.grad(loss)(logp, 3.0)
+    g_plain = jax.grad(loss)(logp, None)
+    np.testing.assert_allclose(g[0], [0.0, 0.5, 0.0, -0.55], atol=1e-6)
+    np.testing.assert_allclose(g_plain[0], [2.0, 0.5, 0.0, -0.55], atol=1e-6)  # ratio 4, A -0.5: -A ratio = 2
+    assert float(losses.policy_loss(logp, sampler, a, m, 0.2, None, 3.0)[1][0, 0]) == 1.0  # counted as clipped
+    with pytest.raises(ValueError, match="clip_ratio_c"):
+        losses.policy_loss(logp, sampler, a, m, 0.2, None, 1.0)
 
 
 def test_advantage_errors():

@@ -4,7 +4,8 @@ A policy model is a static, hashable description (it is a jit static argument) w
   teacher_forced(params, tokens_bs, mask_bs, positions_bs, response_len, ...) -> dict of [B, R] arrays:
       "logp" log pi(y_r | everything before it) of the last `response_len` tokens (float32 or wider),
       "entropy" (with entropy=True), "ref_logp" pi_ref's (with ref_logp=True),
-      "full_kl" KL(pi(.|h_r) || pi_ref(.|h_r)) (with full_kl=True).
+      "full_kl" KL(pi(.|h_r) || pi_ref(.|h_r)) (with full_kl=True); every distribution is the
+      model's logits divided by `temperature` (the tempered policy a sampler at that temperature draws from).
   sample(params, prompt_tokens_bp, prompt_mask_bp, key, sampling, mesh=None) -> `sampling.SampleResult`.
 `kljax.models.transformer_policy.TransformerPolicy` (any `ModelConfig`) and
 `kljax.models.tabular.TabularPolicy` (one logit row per prefix, exactly enumerable) implement it.
@@ -24,7 +25,7 @@ class PolicyModel(Protocol):
     def teacher_forced(
         self, params: Any, tokens_bs: Array, mask_bs: Array, positions_bs: Array, response_len: int, *,
         ref_params: Any = None, entropy: bool = False, full_kl: bool = False, chunk: int = 256,
-        layers_grad_acc: Any = None, ref_logp: bool = False,
+        layers_grad_acc: Any = None, ref_logp: bool = False, temperature: float = 1.0,
     ) -> dict[str, Array]: ...
 
     def sample(self, params: Any, prompt_tokens_bp: Any, prompt_mask_bp: Any, key: Array, sampling: Any,

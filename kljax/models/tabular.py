@@ -66,7 +66,7 @@ class TabularPolicy:
     def teacher_forced(
         self, params: Any, tokens_bs: Array, mask_bs: Array, positions_bs: Array, response_len: int, *,
         ref_params: Any = None, entropy: bool = False, full_kl: bool = False, chunk: int = 256,
-        layers_grad_acc: Any = None, ref_logp: bool = False,
+        layers_grad_acc: Any = None, ref_logp: bool = False, temperature: float = 1.0,
     ) -> dict[str, Array]:
         r = response_len
         prompt_b = tokens_bs[:, -r - 1]
@@ -74,7 +74,7 @@ class TabularPolicy:
         targets = jnp.clip(response_br, 0, self.vocab - 1)[..., None]
 
         def logp_of(p: Any) -> tuple[Array, Array]:
-            logits = self.response_logits(p, prompt_b, response_br)
+            logits = self.response_logits(p, prompt_b, response_br) / temperature
             logp_brv = jax.nn.log_softmax(logits, axis=-1)
             return logits, jnp.take_along_axis(logp_brv, targets, axis=-1)[..., 0]
 

@@ -45,9 +45,11 @@ def response_logprobs(
 
 
 def full_kl_from_hidden(
-    params: Any, ref_params: Any, hidden_brd: Array, ref_hidden_brd: Array, model: ModelConfig, chunk: int = 256
+    params: Any, ref_params: Any, hidden_brd: Array, ref_hidden_brd: Array, model: ModelConfig, chunk: int = 256,
+    temperature: float = 1.0,
 ) -> Array:
-    """KL(pi(.|h_r) || pi_ref(.|h_r)) over the whole vocabulary at each response position, [B, R].
+    """KL(pi(.|h_r) || pi_ref(.|h_r)) over the whole vocabulary at each response position, [B, R],
+    both models' logits divided by `temperature`.
 
     Both models' logits are formed one [B, chunk, V] slice at a time (`lax.map` under
     `jax.checkpoint`), so the [B, R, V] logits never exist. Differentiable in `params` (the
@@ -64,8 +66,8 @@ def full_kl_from_hidden(
     @jax.checkpoint
     def one(args: tuple[Array, Array]) -> Array:
         h, ref_h = args
-        return full_kl_from_logits(tfm.logits_from_hidden(params, h, model),
-                                   tfm.logits_from_hidden(ref_params, ref_h, model))
+        return full_kl_from_logits(tfm.logits_from_hidden(params, h, model) / temperature,
+                                   tfm.logits_from_hidden(ref_params, ref_h, model) / temperature)
 
     kl_nbc = jax.lax.map(one, (split(hidden_brd), split(ref_hidden_brd)))
     return kl_nbc.swapaxes(0, 1).reshape(b, n * c)[:, :r]
@@ -84,12 +86,12 @@ class TransformerPolicy:
     def teacher_forced(
         self, params: Any, tokens_bs: Array, mask_bs: Array, positions_bs: Array, response_len: int, *,
         ref_params: Any = None, entropy: bool = False, full_kl: bool = False, chunk: int = 256,
-        layers_grad_acc: Any = None, ref_logp: bool = False,
+        layers_grad_acc: Any = None, ref_logp: bool = False, temperature: float = 1.0,
     ) -> dict[str, Array]:
         r = response_len
         hidden = response_hidden(params, tokens_bs, mask_bs, positions_bs, r, self.model, layers_grad_acc)
         out = tfm.logprobs_from_hidden(params, hidden, tokens_bs[:, -r:], self.model, chunk_size=chunk,
-                                       with_entropy=entropy)
+                                       temperature=temperature, with_entropy=entropy)
         result = dict(zip(("logp", "entropy"), out, strict=True)) if entropy else {"logp": out}
         if full_kl or ref_logp:
             if ref_params is None:
@@ -97,9 +99,10 @@ class TransformerPolicy:
             ref_hidden = response_hidden(ref_params, tokens_bs, mask_bs, positions_bs, r, self.model)
             if ref_logp:
                 result["ref_logp"] = tfm.logprobs_from_hidden(ref_params, ref_hidden, tokens_bs[:, -r:], self.model,
-                                                              chunk_size=chunk)
+                                                              chunk_size=chunk, temperature=temperature)
             if full_kl:
-                result["full_kl"] = full_kl_from_hidden(params, ref_params, hidden, ref_hidden, self.model, chunk)
+                result["full_kl"] = full_kl_from_hidden(params, ref_params, hidden, ref_hidden, self.model, chunk,
+                                                        temperature)
         return result
 
     def sample(self, params: Any, prompt_tokens_bp: Any, prompt_mask_bp: Any, key: Array, sampling: Any,

@@ -6,6 +6,11 @@ sample i's own response (RLOO) or only through the group (GRPO, Dr. GRPO), and a
     A_i = (R_i - b_i) / s_i.
 For token-level returns (KL reward-to-go credit) the same baseline and scale apply to every token:
     A_it = (R_it - b_i) / s_i,  with b and s computed from the sequence returns R_i.
+GRPO gives every token of a group whose sequence returns are all equal A = 0, whatever the credit
+(its std is 0: dividing the reward-to-go's past terms by eps alone would blow them up).
+With the reward-placed KL outside the baseline (`kl.in_baseline=False`, OpenRLHF's placement) the
+baseline and scale see the task reward alone and the per-token KL is added after them, unscaled:
+    A_it = (task_i - b_i) / s_i - beta * penalty_it.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ Array = jax.Array
 
 METHODS = ("rloo", "grpo", "dr_grpo")
 MIN_GROUP = {"rloo": 2, "grpo": 2, "dr_grpo": 1}
+DEFAULT_STD_EPS = 1e-4  # grpo's s_i = std + eps: TRL's 1e-4 (verl uses 1e-6; `rl.advantage_std_eps`)
 
 
 def _groups(rewards_b: Array, group_size: int) -> Array:
@@ -27,12 +33,12 @@ def _groups(rewards_b: Array, group_size: int) -> Array:
 
 
 def baseline_and_scale(
-    rewards_b: Array, group_size: int, method: str = "rloo", eps: float = 1e-6
+    rewards_b: Array, group_size: int, method: str = "rloo", eps: float = DEFAULT_STD_EPS
 ) -> tuple[Array, Array]:
     """Per-sample (baseline [B], scale [B]).
 
     rloo:    b_i = mean of the other G-1 rewards of the group; s_i = 1 (unbiased: b_i is independent of y_i).
-    grpo:    b_i = group mean; s_i = group std (ddof=1, as TRL) + eps. A group of equal rewards gives A = 0.
+    grpo:    b_i = group mean; s_i = group std (ddof=1, as TRL and verl) + eps (TRL: 1e-4, verl: 1e-6).
     dr_grpo: b_i = group mean; s_i = 1 (no std normalization; use loss aggregation
              'seq-mean-token-sum-norm' for its constant length normalizer).
     """
@@ -52,10 +58,18 @@ def baseline_and_scale(
     return mean_pg.reshape(-1), ones.reshape(-1)
 
 
-def advantages(rewards_b: Array, group_size: int, method: str = "rloo", eps: float = 1e-6) -> Array:
-    """Sequence-level advantages (R_i - b_i) / s_i, [B]."""
+def equal_groups(rewards_b: Array, group_size: int) -> Array:
+    """[B] bool: sample i's group has all rewards equal (then grpo's std is 0 and its A is 0)."""
+    r_pg = _groups(rewards_b, group_size)
+    equal_p = jnp.max(r_pg, axis=1) == jnp.min(r_pg, axis=1)
+    return jnp.repeat(equal_p, group_size)
+
+
+def advantages(rewards_b: Array, group_size: int, method: str = "rloo", eps: float = DEFAULT_STD_EPS) -> Array:
+    """Sequence-level advantages (R_i - b_i) / s_i, [B]; 0 for grpo's groups of equal rewards."""
     baseline, scale = baseline_and_scale(rewards_b, group_size, method, eps)
-    return (_groups(rewards_b, group_size).reshape(-1) - baseline) / scale
+    a = (_groups(rewards_b, group_size).reshape(-1) - baseline) / scale
+    return jnp.where(equal_groups(rewards_b, group_size), 0.0, a) if method == "grpo" else a
 
 
 def token_advantages(
@@ -65,16 +79,22 @@ def token_advantages(
     beta: float | Array,
     group_size: int,
     method: str = "rloo",
-    eps: float = 1e-6,
+    eps: float = DEFAULT_STD_EPS,
+    kl_in_baseline: bool = True,
 ) -> Array:
     """Token-level advantages with the KL reward penalty folded in, [B, T].
 
     Sequence returns R_i = task_i - beta * penalty_b_i set the baseline and scale; token t's return
     is task_i - beta * penalty_bt[i, t] (equal to R_i under sequence credit; the reward-to-go under
     reward_to_go credit). Baselines never depend on sample i's own tokens under RLOO, so the KL
-    part's gradient stays unbiased.
+    part's gradient stays unbiased. grpo: a group of equal returns R_i gives A = 0 on every token.
+    kl_in_baseline=False: A_it = advantages(task)_i - beta * penalty_bt[i, t] (see module doc).
     """
+    if not kl_in_baseline:
+        a_b = advantages(task_rewards_b, group_size, method, eps)
+        return a_b[:, None] - beta * penalty_bt
     returns_b = task_rewards_b - beta * penalty_b
     baseline, scale = baseline_and_scale(returns_b, group_size, method, eps)
     token_returns = task_rewards_b[:, None] - beta * penalty_bt
-    return (token_returns - baseline[:, None]) / scale[:, None]
+    a = (token_returns - baseline[:, None]) / scale[:, None]
+    return jnp.where(equal_groups(returns_b, group_size)[:, None], 0.0, a) if method == "grpo" else a

@@ -18,8 +18,16 @@ loss is c * grad(-J) exactly when
 Stale samples (rl.async_level > 0, or every update after the first with rl.updates_per_batch > 1)
 reach the task reward through per-token importance ratios (clipped), which do not correct the
 prefix distribution: biased. Only a KL part with an exact sequence weight stays unbiased there.
-Each claim is checked by exact enumeration through the real rollout and train step
-(tests/test_objective_exact.py).
+
+The sampler is part of the objective. The policy trained is the tempered one, as in TRL and verl:
+pi = softmax(logits / T) at T = rl.temperature, and pi_ref = softmax(ref_logits / T), so J above
+is J_T = E_{pi_T}[R] - beta KL(pi_T || pi_ref,T) and a sampler at any temperature T > 0 is on-policy
+(its log-probs are pi_T's). A sampler that truncates (top-k, top-p, min-p) is not the policy: it
+never draws the tokens it cuts, which no importance ratio corrects: biased. Greedy decoding
+(T = 0) samples nothing: biased.
+Each claim is checked by exact enumeration through the real train step
+(tests/test_objective_exact.py) and through the real rollout with the shipped default's settings
+(tests/test_verdict_rollout.py).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import warnings
 from fractions import Fraction
 from typing import Any
 
+from kljax.rl.advantages import DEFAULT_STD_EPS
 from kljax.rl.kl import KLBiasWarning, KLConfig
 from kljax.rl.kl_describe import KLDescription, describe
 from kljax.rl.objective import CONSTANT_AGGREGATIONS, DEFAULT_AGGREGATION, check_aggregation
@@ -52,6 +61,12 @@ class RunObjective:
     async_level: int = 0
     max_new_tokens: int | None = None
     task_reward: bool = True
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    clip_ratio_c: float | None = None
+    std_eps: float = DEFAULT_STD_EPS
 
     def __post_init__(self) -> None:
         check_aggregation(self.aggregation)
@@ -60,7 +75,22 @@ class RunObjective:
     def from_rl(cls, rl: Any, kl: KLConfig, task_reward: bool = True) -> RunObjective:
         """From a `kljax.train.config.RLConfig` (or anything with its field names)."""
         return cls(kl, rl.loss_aggregation, rl.advantage, rl.group_size, rl.clip_low, rl.clip_high,
-                   rl.updates_per_batch, rl.async_level, rl.max_new_tokens, task_reward)
+                   rl.updates_per_batch, rl.async_level, rl.max_new_tokens, task_reward, rl.temperature, rl.top_p,
+                   rl.top_k, float(getattr(rl, "min_p", 0.0)), rl.clip_ratio_c, rl.advantage_std_eps)
+
+    @property
+    def truncation(self) -> str:
+        """The sampler's truncations in words ("" when it draws from the whole tempered policy)."""
+        cut = [f"top_p={self.top_p}" if self.top_p < 1 else "", f"top_k={self.top_k}" if self.top_k > 0 else "",
+               f"min_p={self.min_p}" if self.min_p > 0 else ""]
+        return ", ".join(c for c in cut if c)
+
+    @property
+    def policy(self) -> str:
+        """The policy trained, in words."""
+        if self.temperature in (0.0, 1.0):
+            return "pi = softmax(logits)"
+        return f"pi = softmax(logits / {self.temperature:g}) (rl.temperature), pi_ref likewise"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +108,7 @@ class ObjectiveDescription:
     reasons: tuple[str, ...]
     kl: KLDescription
     warning: str | None
+    policy: str = "pi = softmax(logits)"
 
     @property
     def unbiased(self) -> bool:
@@ -100,8 +131,16 @@ def describe_objective(run: RunObjective) -> ObjectiveDescription:
     reasons: list[str] = []
     stale = run.async_level > 0 or run.updates_per_batch > 1
     no_kl = kl.placement == "none"
-    kl_via_advantages = kl.in_reward and kl.off_policy != "sequence_weight"
+    # The reward-placed KL reaches the gradient through the advantages, scaled by their baseline's
+    # coefficient unless it is added after the baseline (kl.in_baseline False).
+    kl_via_advantages = kl.in_reward and kl.off_policy != "sequence_weight" and kl.in_baseline
     through_advantages = run.task_reward or kl_via_advantages
+    if run.temperature == 0:
+        reasons.append("greedy decoding (rl.temperature=0) draws the most likely response, not a sample of the "
+                       "policy: no score-function gradient is an expectation under it")
+    elif run.truncation:
+        reasons.append(f"the sampler truncates the policy ({run.truncation}): it never draws the tokens it cuts, "
+                       "and the per-token ratios pi/mu of the tokens it draws do not correct for them")
 
     # The aggregation's constant, or its length weighting.
     agg_scale: Fraction | None = Fraction(1)
@@ -127,6 +166,7 @@ def describe_objective(run: RunObjective) -> ObjectiveDescription:
             f"rl.updates_per_batch={run.updates_per_batch} (every update after the first)")
         if run.task_reward:
             clip = "" if run.clip_low is None else ", clipped"
+            clip += "" if run.clip_ratio_c is None else f" and dual-clipped at {run.clip_ratio_c:g}"
             reasons.append(f"stale samples ({when}): the task reward's per-token importance ratios{clip} do not "
                            "correct the sampler's prefix distribution")
         if not no_kl and not info.unbiased_off_policy:
@@ -169,10 +209,16 @@ def describe_objective(run: RunObjective) -> ObjectiveDescription:
         verdict = "unbiased" if scale_text == "1" else "scaled"
         gradient = target if verdict == "unbiased" else f"{scale_text} x {target}"
     warning = None
+    if run.temperature not in (0.0, 1.0):
+        gradient += f" (J of the tempered policy: {run.policy})"
+        name += f" / T {run.temperature:g}"
+    if run.truncation:
+        name += f" / {run.truncation}"
     if verdict == "biased":
         warning = (f"the objective {name!r} is biased: its expected gradient is {gradient}. It is allowed (studies "
                    "need it); `kljax kl-configs` lists the unbiased settings.")
-    return ObjectiveDescription(name, verdict, scale, scale_text, gradient, tuple(reasons), info, warning)
+    return ObjectiveDescription(name, verdict, scale, scale_text, gradient, tuple(reasons), info, warning,
+                                run.policy)
 
 
 def warn_if_biased(run: RunObjective | KLConfig) -> ObjectiveDescription | KLDescription:

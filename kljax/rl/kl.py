@@ -20,6 +20,10 @@ and its KL part must be estimated from samples. A configuration chooses
     multiplies every KL term by W = stop_grad(prod_t w_t), optionally truncated at `truncation`,
     and then carries the reward part as its own score-function loss term (W * sum_t log pi_t * credit_t)
     instead of folding it into the advantage;
+  - `in_baseline` of the reward part: True folds it into the return the group baseline and scale
+    are computed from; False subtracts it after them, unscaled (OpenRLHF's placement; see
+    `kljax.rl.advantages`). Same expected KL gradient under RLOO; with a group-mean baseline the
+    task reward then carries (G-1)/G and the KL 1;
   - `beta`, fixed, or adaptive toward `target_kl` (`adapt_beta`).
 
 `kl_terms` turns a config and log-probs into `KLTerms` (the detached reward penalty to subtract
@@ -65,6 +69,7 @@ class KLConfig:
     beta: float = 0.05
     target_kl: float | None = None
     adapt_horizon: float = 10_000.0
+    in_baseline: bool = True
 
     def __post_init__(self) -> None:
         validate(self)
@@ -130,6 +135,14 @@ def validate(c: KLConfig) -> None:
             )
         if not c.truncation > 1:
             raise ValueError(f"kl.truncation={c.truncation!r} must be > 1 (or None for no truncation)")
+    if not isinstance(c.in_baseline, bool):
+        raise ValueError(f"kl.in_baseline={c.in_baseline!r} must be true or false")
+    if not c.in_baseline and (not c.in_reward or c.off_policy == "sequence_weight"):
+        raise ValueError(
+            "kl.in_baseline=False places the reward part of the KL after the advantage's baseline; it needs "
+            f"kl.placement 'reward' or 'both' and kl.off_policy other than 'sequence_weight' (got "
+            f"placement={c.placement!r}, off_policy={c.off_policy!r})"
+        )
     if c.target_kl is not None and not c.target_kl > 0:
         raise ValueError(f"kl.target_kl={c.target_kl!r} must be > 0 (or None for a fixed beta)")
     if not c.adapt_horizon > 0:

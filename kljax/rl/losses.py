@@ -19,6 +19,7 @@ def policy_loss(
     mask_bt: Array,
     clip_low: float | None = 0.2,
     clip_high: float | None = None,
+    clip_ratio_c: float | None = None,
 ) -> tuple[Array, Array]:
     """Per-token clipped REINFORCE / PPO surrogate to *minimize*, and which tokens were clipped.
 
@@ -27,6 +28,9 @@ def policy_loss(
     clip_high defaults to clip_low (symmetric); clip_low=None disables clipping (plain importance-
     weighted REINFORCE; on-policy its gradient is -A_t grad log pi). Shapes [B, T] -> ([B, T], [B, T]);
     masked tokens give 0.
+    clip_ratio_c (dual-clip PPO, verl's actor.clip_ratio_c, > 1): where A_t < 0 the loss is further
+    capped at -A_t * clip_ratio_c, so a token with ratio above clip_ratio_c and a negative
+    advantage has no gradient (counted as clipped). Inactive on-policy (ratio 1).
     """
     mask = as_float(mask_bt)
     logp = masked(logp_bt, mask)
@@ -42,4 +46,11 @@ def policy_loss(
         clipped_obj = jnp.clip(ratio, 1.0 - clip_low, 1.0 + high) * adv
         surrogate = jnp.minimum(unclipped, clipped_obj)
         clipped = (clipped_obj < unclipped).astype(unclipped.dtype)
+    if clip_ratio_c is not None:
+        if not clip_ratio_c > 1:
+            raise ValueError(f"rl.clip_ratio_c={clip_ratio_c} must be > 1 (or None for no dual clip)")
+        floor = clip_ratio_c * adv  # the loss -surrogate is capped at -clip_ratio_c * A where A < 0
+        dual = (adv < 0) & (surrogate < floor)
+        surrogate = jnp.where(dual, floor, surrogate)
+        clipped = jnp.maximum(clipped, dual.astype(clipped.dtype))
     return -surrogate * mask, clipped * mask

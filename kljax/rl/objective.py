@@ -41,12 +41,14 @@ CONSTANT_AGGREGATIONS = ("seq-mean-token-sum-norm", "seq-mean-token-sum")
 
 @dataclasses.dataclass(frozen=True)
 class Objective:
-    """The static settings of the loss: KL configuration, aggregation and PPO clipping."""
+    """The static settings of the loss: KL configuration, aggregation and PPO clipping (clip_ratio_c:
+    dual-clip, `kljax.rl.losses.policy_loss`)."""
 
     kl: KLConfig
     aggregation: str = DEFAULT_AGGREGATION
     clip_low: float | None = 0.2
     clip_high: float | None = None
+    clip_ratio_c: float | None = None
 
     def __post_init__(self) -> None:
         check_aggregation(self.aggregation)
@@ -82,12 +84,15 @@ def denominator(mask_br: Array, aggregation: str) -> Array:
 def advantages_with_kl(
     kl: KLConfig, task_rewards_b: Array, logp_br: Array, ref_logp_br: Array, mask_br: Array,
     sampler_logp_br: Array | None, full_kl_br: Array | None, beta: float | Array, group_size: int, method: str,
+    std_eps: float = adv.DEFAULT_STD_EPS,
 ) -> Array:
     """Token advantages [B, R] (detached): the task reward minus beta times the reward-placed KL
-    (credit applied), minus the group baseline, over the group scale (`kljax.rl.advantages`)."""
+    (credit applied), minus the group baseline, over the group scale (`kljax.rl.advantages`; the KL
+    after them when kl.in_baseline is False)."""
     terms = kl_terms(kl, logp_br, ref_logp_br, mask_br, sampler_logp_br, full_kl_br)
     return jax.lax.stop_gradient(
-        adv.token_advantages(task_rewards_b, terms.penalty_bt, terms.penalty_b, beta, group_size, method)
+        adv.token_advantages(task_rewards_b, terms.penalty_bt, terms.penalty_b, beta, group_size, method, std_eps,
+                             kl.in_baseline)
     )
 
 
@@ -115,7 +120,7 @@ def sequence_losses(
     del beta
     mask = as_float(mask_br)
     pg_bt, clipped_bt = losses.policy_loss(
-        logp_br, sampler_logp_br, advantages_br, mask, objective.clip_low, objective.clip_high
+        logp_br, sampler_logp_br, advantages_br, mask, objective.clip_low, objective.clip_high, objective.clip_ratio_c
     )
     terms: KLTerms = kl_terms(objective.kl, logp_br, ref_logp_br, mask, sampler_logp_br, full_kl_br)
     return jnp.sum(pg_bt, axis=1), terms.loss_b, clipped_bt

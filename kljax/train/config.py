@@ -50,10 +50,19 @@ class RLConfig:
     async_level: int = 0
     micro_batches: int = 1
     reuse_sampler_logprobs: bool = True
+    clip_ratio_c: float | None = None  # dual-clip PPO (verl's actor.clip_ratio_c); None: off
+    advantage_std_eps: float = 1e-4  # grpo divides by the group std + this (TRL 1e-4, verl 1e-6)
 
     @property
     def batch_size(self) -> int:
         return self.prompts_per_step * self.group_size
+
+    @property
+    def policy_temperature(self) -> float:
+        """The temperature of the policy trained: pi = softmax(logits / T), pi_ref likewise, the
+        distribution the sampler draws from before any top-k/top-p truncation (as TRL and verl).
+        Greedy decoding (temperature 0) reports temperature-1 log-probs: T = 1 there."""
+        return self.temperature if self.temperature > 0 else 1.0
 
     def __post_init__(self) -> None:
         if self.advantage not in METHODS:
@@ -80,6 +89,10 @@ class RLConfig:
             raise ValueError(f"rl.top_p={self.top_p} must be in (0, 1]")
         if self.top_k < 0:
             raise ValueError(f"rl.top_k={self.top_k} must be >= 0 (0 = off)")
+        if self.clip_ratio_c is not None and not self.clip_ratio_c > 1:
+            raise ValueError(f"rl.clip_ratio_c={self.clip_ratio_c} must be > 1 (or None: no dual clip)")
+        if not self.advantage_std_eps >= 0:
+            raise ValueError(f"rl.advantage_std_eps={self.advantage_std_eps} must be >= 0")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,7 +3,8 @@
     examples --prompt_texts--> token ids, left-padded to rl.max_prompt_len
              --sampling.generate (params of the sampler)--> responses, mask, sampler log-probs
              --tasks.score_batch--> task rewards, correctness
-             --step.score (current params, reference params)--> log pi, log pi_ref, entropy
+             --step.score (current params, reference params)--> log pi, log pi_ref, entropy (both at
+               rl.temperature: the policy trained is the tempered one, `RLConfig.policy_temperature`)
                (log pi and entropy from the sampler instead when it drew from pi: `sampler_is_policy`)
              --kl_terms + token_advantages--> advantages with the KL reward penalty folded in
 
@@ -31,6 +32,7 @@ from kljax import sampling
 from kljax.models.policy_api import as_policy
 from kljax.parallel.distributed import global_from_local_rows, local_rows
 from kljax.parallel.sharding import data_sharding
+from kljax.rl.advantages import DEFAULT_STD_EPS
 from kljax.rl.kl import KLConfig
 from kljax.rl.objective import advantages_with_kl
 from kljax.tasks.base import Example, Task
@@ -97,8 +99,10 @@ def sampler_is_policy(rl: RLConfig, kl: KLConfig, model: Any) -> bool:
     a policy forward pass (`rl.reuse_sampler_logprobs`).
 
     Exact when the sampler draws from pi itself: the current parameters (rl.async_level 0) and the
-    untruncated temperature-1 distribution (or greedy, whose reported log-probs are pi's), computed
-    in float32. Its log-probs then equal teacher-forced ones to float rounding (< 1e-4,
+    untruncated distribution at rl.temperature, which is the policy trained (`RLConfig.policy_temperature`:
+    pi = softmax(logits / T); greedy reports temperature-1 log-probs, pi's at T = 1), computed
+    in float32 (with top-k / top-p / min-p the sampler's distribution is a truncation, not pi:
+    re-scored). Its log-probs then equal teacher-forced ones to float rounding (< 1e-4,
     `tests/test_sampling*.py`), so the second forward pass would recompute them. Not in a 16-bit
     compute dtype: there the sampler's cached decode and the teacher-forced forward round
     differently (SmolLM2-135M in bfloat16, 2048 sampled tokens: |delta log p| 0.028 on average, 0.55
@@ -109,9 +113,15 @@ def sampler_is_policy(rl: RLConfig, kl: KLConfig, model: Any) -> bool:
     the sampler's own log-probs, the distribution actually sampled from.) kl.estimator='full'
     needs the policy's hidden states anyway and always re-scores.
     """
-    untruncated = rl.temperature == 0.0 or (rl.temperature == 1.0 and rl.top_p == 1.0 and rl.top_k == 0)
+    untruncated = rl.temperature == 0.0 or not sampler_truncates(rl)
     exact = getattr(model, "jnp_dtype", jnp.float32) == jnp.float32
     return rl.reuse_sampler_logprobs and rl.async_level == 0 and untruncated and exact and kl.estimator != "full"
+
+
+def sampler_truncates(rl: RLConfig) -> bool:
+    """Whether the sampler draws from a truncation of the policy (top-k, top-p or min-p on): then it
+    is not the policy, and tokens outside its support are never drawn."""
+    return rl.top_p < 1.0 or rl.top_k > 0 or getattr(rl, "min_p", 0.0) > 0.0
 
 
 def policy_scored_in_update(rl: RLConfig, kl: KLConfig, model: Any) -> bool:
@@ -135,7 +145,7 @@ def decode_responses(tokenizer: Any, tokens_rn: np.ndarray, mask_rn: np.ndarray)
 
 
 def assemble_batch(partial: Batch, scored: dict[str, Array], rewards_b: Array, *, kl: KLConfig, beta: float | Array,
-                   group_size: int, advantage: str) -> Batch:
+                   group_size: int, advantage: str, std_eps: float = DEFAULT_STD_EPS) -> Batch:
     """The train batch from a scored one: the reference log-probs and the advantages with the
     reward-placed KL folded in (`kljax.rl.objective.advantages_with_kl`). Pure (jit/vmap it).
 
@@ -144,12 +154,12 @@ def assemble_batch(partial: Batch, scored: dict[str, Array], rewards_b: Array, *
     b, r = partial.response_mask_br.shape
     if "logp" in scored:
         a = advantages_with_kl(kl, rewards_b, scored["logp"], scored["ref_logp"], partial.response_mask_br,
-                               partial.sampler_logp_br, scored.get("full_kl"), beta, group_size, advantage)
+                               partial.sampler_logp_br, scored.get("full_kl"), beta, group_size, advantage, std_eps)
     else:
         none = KLConfig(placement="none")
         zeros = jnp.zeros((b, r), jnp.float32)
         a = advantages_with_kl(none, rewards_b, zeros, zeros, partial.response_mask_br, None, None, beta,
-                               group_size, advantage)
+                               group_size, advantage, std_eps)
     return dataclasses.replace(partial, ref_logp_br=scored["ref_logp"], advantages_br=a)
 
 
@@ -226,7 +236,8 @@ def rollout(
     scored = score_fn(params, ref_params, partial)
     if reuse:  # the sampler drew from pi: its log-probs and entropy are the policy's
         scored = dict(scored, logp=partial.sampler_logp_br, entropy=jnp.asarray(result.response_entropy_rn))
-    batch = assemble_batch(partial, scored, rewards_b, kl=kl, beta=beta, group_size=g, advantage=rl.advantage)
+    batch = assemble_batch(partial, scored, rewards_b, kl=kl, beta=beta, group_size=g, advantage=rl.advantage,
+                           std_eps=rl.advantage_std_eps)
     # The scoring and advantages were only dispatched (JAX runs them asynchronously); wait for them, or their
     # device time would be charged to whatever blocks next (the train step's time_update). Nothing is lost
     # by waiting but the train step's dispatch latency: that step needs this batch before it can start anyway.

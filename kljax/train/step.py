@@ -70,6 +70,12 @@ class StepSettings:
     clip_high: float | None = None
     micro_batches: int = 1
     logprob_chunk: int = 256
+    # The policy trained is softmax(logits / temperature), the reference's log-probs likewise: the
+    # distribution a sampler at rl.temperature draws from (`kljax.train.config.RLConfig.policy_temperature`).
+    temperature: float = 1.0
+    # Dual-clip PPO (verl's clip_ratio_c): a token with a negative advantage and ratio above it has
+    # no gradient. None: off.
+    clip_ratio_c: float | None = None
     # Also return the batch's KL metrics and entropy (`kl_metrics` of the update's own forward at
     # the pre-update parameters): for a rollout that skipped the policy's scoring forward
     # (`kljax.train.rollout.policy_scored_in_update`).
@@ -80,20 +86,27 @@ class StepSettings:
         if self.micro_batches < 1:
             raise ValueError(f"rl.micro_batches={self.micro_batches} must be >= 1")
 
+    @classmethod
+    def from_rl(cls, model: Any, kl: KLConfig, rl: Any, kl_metrics: bool = False) -> StepSettings:
+        """The train step of a run with `kljax.train.config.RLConfig` rl (the trainer's, and the exact tests')."""
+        return cls(model, kl, rl.loss_aggregation, rl.clip_low, rl.clip_high, rl.micro_batches,
+                   temperature=rl.policy_temperature, clip_ratio_c=rl.clip_ratio_c, kl_metrics=kl_metrics)
+
     @property
     def policy(self) -> PolicyModel:
         return as_policy(self.model)
 
     @property
     def objective(self) -> obj.Objective:
-        return obj.Objective(self.kl, self.loss_aggregation, self.clip_low, self.clip_high)
+        return obj.Objective(self.kl, self.loss_aggregation, self.clip_low, self.clip_high, self.clip_ratio_c)
 
 
 def score(
     params: Any, ref_params: Any, batch: Batch, model: Any, chunk: int = 256, micro_batches: int = 1,
-    full_kl: bool = False, policy: bool = True,
+    full_kl: bool = False, policy: bool = True, temperature: float = 1.0,
 ) -> dict[str, Array]:
-    """Log-probs of the responses under the current policy (with entropy) and the reference. [B, R] each.
+    """Log-probs of the responses under the current policy (with entropy) and the reference. [B, R] each,
+    both at `temperature` (logits / temperature: the tempered policy the train step optimizes).
     With full_kl, also the full-vocabulary KL at each response position ("full_kl", [B, R]).
     With policy=False only the reference's ("ref_logp"): for a caller that has the policy's from the
     sampler (`kljax.train.rollout.sampler_is_policy`); `params` is then unused.
@@ -109,10 +122,10 @@ def score(
         args = (mb.tokens_bs, mb.mask_bs, mb.positions_bs, mb.response_mask_br.shape[1])
         if full_kl:
             return pm.teacher_forced(params, *args, ref_params=ref_params, entropy=True, full_kl=True,
-                                     ref_logp=True, chunk=chunk)
-        out = {"ref_logp": pm.teacher_forced(ref_params, *args, chunk=chunk)["logp"]}
+                                     ref_logp=True, chunk=chunk, temperature=temperature)
+        out = {"ref_logp": pm.teacher_forced(ref_params, *args, chunk=chunk, temperature=temperature)["logp"]}
         if policy:
-            out.update(pm.teacher_forced(params, *args, entropy=True, chunk=chunk))
+            out.update(pm.teacher_forced(params, *args, entropy=True, chunk=chunk, temperature=temperature))
         return out
 
     if full_kl and not policy:
@@ -148,7 +161,7 @@ def _loss_fn(params: Any, mb: Batch, denominator: Array, s: StepSettings, ref_pa
     out = s.policy.teacher_forced(
         params, mb.tokens_bs, mb.mask_bs, mb.positions_bs, r, entropy=s.kl_metrics, full_kl=full,
         ref_params=jax.lax.stop_gradient(ref_params) if full else None, chunk=s.logprob_chunk,
-        layers_grad_acc=layers_grad_acc,
+        layers_grad_acc=layers_grad_acc, temperature=s.temperature,
     )
     logp, mask = out["logp"], mb.response_mask_br
     parts = obj.loss_parts(s.objective, logp, mb.sampler_logp_br, mb.ref_logp_br, mb.advantages_br, mask, mb.beta,

@@ -168,10 +168,7 @@ def build(settings: RunSettings) -> tuple[Run, st.TrainState, Any]:
     exact = task.exact_optimum(policy.model, ref_params)  # None but for a task with a known optimum
     policy = dataclasses.replace(policy, params=None)
     in_update = policy_scored_in_update(rl, settings.kl, policy.model)  # then the step reports the KL metrics
-    step_settings = StepSettings(
-        policy.model, settings.kl, rl.loss_aggregation, rl.clip_low, rl.clip_high, rl.micro_batches,
-        kl_metrics=in_update,
-    )
+    step_settings = StepSettings.from_rl(policy.model, settings.kl, rl, kl_metrics=in_update)
     # The XLA-CPU kernels update layer by layer in place (`optimizer_step.update_in_place`); plain
     # kernels apply the optax chain itself: the same numbers and the same optimizer state.
     step_tx = settings.optim if transformer and policy.model.cpu_kernels else tx
@@ -180,7 +177,8 @@ def build(settings: RunSettings) -> tuple[Run, st.TrainState, Any]:
     full = settings.kl.estimator == "full"
     rescore = not sampler_is_policy(rl, settings.kl, policy.model) and not in_update
     score_fn = under_mesh(jax.jit(functools.partial(score, model=policy.model, micro_batches=rl.micro_batches,
-                                                    full_kl=full, policy=rescore)), mesh)
+                                                    full_kl=full, policy=rescore,
+                                                    temperature=rl.policy_temperature)), mesh)
 
     def place(batch):
         return jax.device_put(batch, batch_shardings(batch, mesh))
