@@ -151,3 +151,14 @@ def test_damaged_checkpoints_set_aside_twice_are_both_kept(tmp_path):
         ckpt._set_aside([5])
     aside = tmp_path / "checkpoints.damaged"
     assert sorted((p.name, (p / "x").read_text()) for p in aside.iterdir()) == [("5", "first"), ("5.1", "second")]
+
+
+def test_default_model_cache_entry_not_written_by_kljax_is_kept(tmp_path):
+    from kljax.models.default import DEFAULT_MODEL_NAME, default_model_dir
+
+    target = tmp_path / DEFAULT_MODEL_NAME
+    target.mkdir()
+    (target / "mine.txt").write_text("keep me")
+    with pytest.raises(UserError, match="kljax does not delete it"):
+        default_model_dir(tmp_path)
+    assert (target / "mine.txt").read_text() == "keep me"

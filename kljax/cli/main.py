@@ -92,11 +92,19 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_command(module: object, args: argparse.Namespace) -> int:
     """`module.run(args)`; a user error (`kljax.errors.USER_ERRORS`) prints one line
-    `kljax COMMAND: error: MESSAGE` to stderr and returns 2, or is re-raised with `--debug`."""
+    `kljax COMMAND: error: MESSAGE` to stderr and returns 2 (Ctrl-C: one line, 130), or is re-raised
+    with `--debug`."""
     from kljax.errors import USER_ERRORS, one_line
+    from kljax.train.interrupts import sticky_sigint
 
     try:
-        return int(module.run(args) or 0)
+        with sticky_sigint():  # a Ctrl-C is never lost (see kljax.train.interrupts)
+            return int(module.run(args) or 0)
+    except KeyboardInterrupt as e:
+        if getattr(args, "debug", False):
+            raise
+        print(f"kljax {args.command}: error: {one_line(e) if str(e) else 'interrupted (Ctrl-C)'}", file=sys.stderr)
+        return 130
     except USER_ERRORS as e:
         if getattr(args, "debug", False):
             raise

@@ -50,13 +50,16 @@ def default_model_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     target = root / DEFAULT_MODEL_NAME
     if (target / _DONE).is_file():
         return target
+    if target.exists() or target.is_symlink():  # not a finished conversion: kljax deletes only what it wrote
+        from kljax.errors import UserError
+
+        raise UserError(f"{target} exists but holds no {_DONE} (not a finished conversion of kljax); kljax does "
+                        "not delete it: remove it, or set KLJAX_CACHE to another directory, to convert again")
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_NAME}.", dir=root))
     try:
         _convert_gguf(gguf_path(), tmp)
         (tmp / _DONE).write_text("ok\n")
-        if target.exists() and not (target / _DONE).is_file():
-            shutil.rmtree(target)  # left by an older, non-atomic writer
         try:
             os.replace(tmp, target)
         except OSError:

@@ -16,7 +16,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from kljax.errors import UserError
-from kljax.train.checkpoint_integrity import damage, write_checksums
+from kljax.train.checkpoint_integrity import PROMISE, damage, write_checksums
 
 
 def _abstract(tree: Any, shardings: Any) -> Any:
@@ -45,7 +45,9 @@ class RunCheckpointer:
 
     def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
         """Write checkpoint `step` (blocking: when this returns the checkpoint is complete), then its
-        checksums.json (`kljax.train.checkpoint_integrity`, by process 0)."""
+        checksums.json (`kljax.train.checkpoint_integrity`, by process 0), which the meta promises
+        (`PROMISE`), so the step is never restored without it."""
+        meta = {**meta, PROMISE: True}
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
         self._manager.save(step, args=args, force=True)
         self._manager.wait_until_finished()
@@ -56,7 +58,8 @@ class RunCheckpointer:
                        ) -> tuple[int, Any, dict[str, Any], list[tuple[int, str]]]:
         """(step, state, meta, damaged) of the newest checkpoint that verifies and restores.
 
-        damaged: (step, what is wrong) of each newer one, moved to DIRECTORY.damaged/STEP so that
+        damaged: (step, what is wrong) of each newer one, moved to DIRECTORY.damaged/STEP (STEP.1, ...
+        when an earlier one of that step is there) so that
         the run continues from the intact one. With `strict`, a damaged latest checkpoint is a
         UserError instead. No intact checkpoint at all is a UserError listing what is wrong."""
         damaged: list[tuple[int, str]] = []

@@ -39,8 +39,31 @@ def changed_fields(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return sorted(k for k in set(a) & set(b) if a[k] != b[k])
 
 
+def _schedule_length(config: dict[str, Any]) -> tuple[str, Any]:
+    """(optim.schedule, the steps it decays over): optim.total_steps, which defaults to `steps`."""
+    optim = config.get("optim") if isinstance(config.get("optim"), dict) else {}
+    return str(optim.get("schedule", "constant")), optim.get("total_steps", config.get("steps"))
+
+
+def check_schedule(old: dict[str, Any], new: dict[str, Any], workdir: object) -> None:
+    """A UserError when the learning-rate schedule's length would change: a cosine or linear decay
+    over optim.total_steps (= steps unless set) that a new `steps` stretches or shortens, so the
+    resumed steps would run at other rates than the run's."""
+    schedule, before = _schedule_length(old)
+    _, after = _schedule_length(json.loads(json.dumps(new, default=str)))
+    if schedule in ("cosine", "linear") and before is not None and after is not None and before != after:
+        raise UserError(
+            f"--resume would change the learning-rate schedule of {workdir}: its {schedule} decay runs over "
+            f"optim.total_steps (= steps unless set) {before} -> {after}, so every resumed step would get another "
+            f"rate than the run's; pass --config.optim.total_steps={before} to keep it (the rate stays at its final "
+            "value past it) or use a new --workdir"
+        )
+
+
 def check_resume(old: dict[str, Any], new: dict[str, Any], workdir: object) -> list[str]:
-    """The safe fields that changed; a UserError naming the unsafe ones when there are any."""
+    """The safe fields that changed; a UserError naming the unsafe ones when there are any (or when
+    the learning-rate schedule's length changes: `check_schedule`)."""
+    check_schedule(old, new, workdir)
     changed = changed_fields(old, new)
     unsafe = [k for k in changed if not _safe(k)]
     if unsafe:
@@ -55,11 +78,14 @@ def check_resume(old: dict[str, Any], new: dict[str, Any], workdir: object) -> l
 
 
 def check_resume_workdir(workdir: str | os.PathLike, new: dict[str, Any], record: bool = True) -> list[str]:
-    """`check_resume` against WORKDIR/config.json (nothing to check when it is absent); with
-    `record`, write the new config there and print the safe fields that changed. Returns them."""
+    """`check_resume` against WORKDIR/config.json (a UserError when it is absent: nothing would say
+    which fields changed); with `record`, write the new config there and print the safe fields that
+    changed. Returns them."""
     path = Path(workdir) / "config.json"
     if not path.is_file():
-        return []
+        raise UserError(f"--resume: {path} is missing, so nothing can check that this config is the run's "
+                        "(model, task, KL, optimizer, seed, ...); put the run's config.json back, or start a new "
+                        "--workdir")
     old = read_json(path, "run config")
     if not isinstance(old, dict):
         raise UserError(f"run config {path} holds a {type(old).__name__}, not a JSON object")

@@ -81,13 +81,44 @@ def append_jsonl(path: str | os.PathLike, records: Sequence[Mapping[str, Any]]) 
             f.write(dumps(rec) + "\n")
 
 
-def truncate_jsonl(path: str | os.PathLike, step: int) -> None:
-    """Drop the lines of `path` with "step" > `step` (a resumed run rewrites them)."""
+def truncate_jsonl(path: str | os.PathLike, step: int) -> str | None:
+    """Keep the lines of `path` with "step" <= `step` (a resumed run rewrites the others), written to a
+    temp file and renamed over `path`, so a kill leaves the old file or the new one.
+
+    A last line that is not JSON (cut short: the run was killed while appending it) is dropped and
+    the returned note says so (None when there was nothing to say); a malformed line elsewhere is a
+    UserError naming the file and line."""
+    from kljax.errors import UserError
+
     path = Path(path)
     if not path.exists():
-        return
-    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
-    path.write_text("".join(line + "\n" for line in keep))
+        return None
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path} is not UTF-8 text (byte {e.start}); a run's JSONL log is, fix or move it") from e
+    while lines and not lines[-1].strip():
+        lines.pop()
+    keep, note = [], None
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict):
+                raise ValueError(f"a JSON {type(row).__name__}, not an object")
+        except ValueError as e:
+            if i == len(lines) - 1:
+                note = (f"{path}: dropped its last line, cut short ({len(line)} characters: the run was killed "
+                        "while writing it)")
+                break
+            raise UserError(f"{path}: line {i + 1} is not a JSON object ({e}); fix or delete that line") from None
+        if not isinstance(row.get("step", 0), (int, float)) or row.get("step", 0) <= step:
+            keep.append(line)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+    os.replace(tmp, path)
+    return note
 
 
 def eval_metrics(results: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:

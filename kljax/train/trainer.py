@@ -43,7 +43,7 @@ from kljax.parallel import sharding as shd
 from kljax.rl.describe import RunObjective, warn_if_biased
 from kljax.rl.kl import adapt_beta
 from kljax.tasks.base import Example
-from kljax.train import run_logs
+from kljax.train import interrupts, run_logs
 from kljax.train import state as st
 from kljax.train.checkpoint import RunCheckpointer
 from kljax.train.config import RunSettings, check_against_model, validate
@@ -97,6 +97,12 @@ class Run:
 
 def _nonfinite_message(n: int, step: int, row: dict[str, float], last: int | None, workdir: Path) -> str:
     kept = f"Last checkpoint: step {last} in {workdir}" if last is not None else "No checkpoint was written"
+    rewards = {k: v for k, v in row.items() if (k == "reward" or k.startswith("reward/")) and "/errors" not in k
+               and isinstance(v, float) and not math.isfinite(v)}
+    if rewards:  # the reward overflowed (e.g. 1e300 is inf in float32): not the learning rate's fault
+        shown = ", ".join(f"{k}={v}" for k, v in rewards.items())
+        return (f"{n} steps in a row (up to step {step}) had a non-finite reward ({shown}); those updates were "
+                f"skipped. {kept}. Fix the reward function: its values must be finite in float32 (|r| < 3.4e38)")
     return (
         f"{n} steps in a row (up to step {step}) had a non-finite loss, gradient or update "
         f"(last: loss={row['loss']}, grad_norm={row['grad_norm']}, pg_loss={row['pg_loss']}, "
@@ -313,9 +319,11 @@ def _train(config: ml_collections.ConfigDict, workdir: str | Path, resume: str |
         snapshots = collections.deque(restored["snapshots"], maxlen=max(rl.async_level, 1))
         beta, start = float(meta["beta"]), int(meta["step"])
         run.data_offset = int(meta.get("data_position", start * rl.prompts_per_step)) - start * rl.prompts_per_step
+        for name in ("metrics.jsonl", "samples.jsonl") if main else ():  # atomically; a cut last line is said
+            note = run_logs.truncate_jsonl(workdir / name, start)
+            if note:
+                print(f"kljax train: {note}", file=sys.stderr, flush=True)
         writer.truncate_after(start)
-        if main:
-            run_logs.truncate_jsonl(workdir / "samples.jsonl", start)
     else:
         writer.truncate_after(0)  # rows of an earlier attempt that died before its first checkpoint
         if main:
@@ -332,6 +340,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str | Path, resume: str |
     bar = tqdm(range(start, settings.steps), initial=start, total=settings.steps, disable=not (progress and main),
                desc="kljax train", dynamic_ncols=True)
     for step in bar:
+        interrupts.check()  # a Ctrl-C whose KeyboardInterrupt was lost (in a gc callback): stop here
         it = iteration(run, state, ref_params, step, beta=beta, snapshots=snapshots)
         state, snapshots, beta, row = it.state, it.snapshots, it.beta, it.row
         every = int(settings.raw.get("log_samples_every", 0) or 0)
@@ -371,6 +380,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str | Path, resume: str |
         raise NonFiniteError(_nonfinite_message(nonfinite_run, done, row, ckpt.latest_step(), workdir))
     if done < settings.steps:
         return {"before": {}, "after": {}, "params": state.params, "stopped_at": done}
+    interrupts.check()
     after = evaluate_splits(run, state.params)
     if main:
         run_logs.write_json(workdir / "eval_after.json", after)
@@ -406,7 +416,10 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, resume: bool |
     Path(workdir).mkdir(parents=True, exist_ok=True)
     lock = WorkdirLock(workdir).acquire() if distributed.is_main_process() else None
     try:
-        return _train(config, workdir, mode, progress=progress, stop_after=stop_after)
+        with interrupts.sticky_sigint():  # Ctrl-C always stops the run
+            return _train(config, workdir, mode, progress=progress, stop_after=stop_after)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(interrupts.stopped_message(workdir)) from None
     finally:
         if lock is not None:
             lock.release()
