@@ -13,7 +13,9 @@ def base() -> ml_collections.ConfigDict:
     c.seed = 0
     c.steps = 100
     c.checkpoint_every = 25
-    c.keep_checkpoints = 3
+    # Each checkpoint holds the parameters and AdamW's two moments: 3x the float32 weights (SmolLM2-135M:
+    # 1.4 GB). Two are kept, so that a damaged newest one falls back to the one before.
+    c.keep_checkpoints = 2
     c.max_nonfinite_steps = 5  # stop after this many consecutive steps with a non-finite loss or gradient
     c.eval_every = 0  # 0: evaluate only before and after the run
     c.eval_examples = 64
@@ -61,10 +63,15 @@ def base() -> ml_collections.ConfigDict:
         dict(estimator="k1", placement="reward", credit="sequence", scope="token", off_policy="none",
              truncation=None, beta=0.05, target_kl=None, adapt_horizon=10000.0,
              in_baseline=True)  # False: the reward-placed KL after the group baseline/scale (OpenRLHF)
+    # Trackers beside metrics.jsonl (kljax/train/tracking.py): a comma list of tensorboard, wandb, mlflow
+    # (the last two: pip install 'kljax[track]'), or "none"; project: the W&B project / MLflow experiment
+    c.logging = ml_collections.ConfigDict(dict(report_to="tensorboard", project="kljax", run_name=""))
     )
     c.rl = ml_collections.ConfigDict(
         dict(advantage="rloo", group_size=4, prompts_per_step=8, max_prompt_len=64, max_new_tokens=32,
-             temperature=1.0, top_p=1.0, top_k=0, loss_aggregation="seq-mean-token-sum-norm", clip_low=0.2,
+             temperature=1.0, top_p=1.0, top_k=0, min_p=0.0,
+             stop=[],  # strings or token ids that end a response like EOS, e.g. ["</answer>"]
+             loss_aggregation="seq-mean-token-sum-norm", clip_low=0.2,
              clip_high=None, updates_per_batch=1, async_level=0, micro_batches=1,
              # on-policy in float32, take log pi of the sampled tokens from the sampler instead of a
              # second forward pass (16-bit compute always re-scores: rounding differs)

@@ -77,3 +77,6 @@ def run(args: argparse.Namespace) -> int:
     print(json.dumps({"workdir": str(args.workdir), "after": summary["after"],
                       **({"exact_gap": exact} if exact else {})}))
     return 0
+    from kljax.train.run_outputs import output_lines
+
+    print("\n".join(output_lines(args.workdir)))  # where the outputs are, and the next commands to try

@@ -1,10 +1,11 @@
 """From one decode step's logits to a token: the sampler's settings, the distribution it draws from
-(temperature, then top-k, then top-p, as in transformers), the draw itself, and the log-prob and
+(temperature, then top-k, then top-p, then min-p, as in transformers), the draw itself, and the log-prob and
 entropy of what was drawn. Pure functions of [R, V] float32 logits; `kljax.sampling` runs them in
 its decode loop, and the tests check them against exact enumeration.
 
 Log-probs are those of the sampled token under the exact distribution it was drawn from (logits
-divided by the temperature, restricted to the top-k, then to the top-p nucleus, renormalized);
+divided by the temperature, restricted to the top-k, then to the top-p nucleus, then to the tokens
+with at least min_p times the most likely token's probability, renormalized);
 greedy decoding reports the model's own temperature-1 log-prob and entropy instead.
 """
 
@@ -28,8 +29,13 @@ class SamplingParams:
     temperature: logits are divided by it; 0 means greedy.
     top_p: nucleus mass in (0, 1]; 1 disables it.
     top_k: keep the k most likely tokens; 0 disables it.
-    greedy: argmax decoding (temperature, top_p, top_k ignored).
+    min_p: keep the tokens whose probability is at least min_p times the most likely one's (after
+      temperature, top-k and top-p); 0 disables it.
+    greedy: argmax decoding (temperature, top_p, top_k, min_p ignored).
     stop_token_ids: a response ends at the first of these (kept, masked after).
+    stop_sequences: token-id sequences (each of 2 or more ids); a response also ends at the token
+      completing the first occurrence of one of them inside the response (kept, masked after). A
+      sequence of one id is moved into stop_token_ids.
     n: samples per prompt.
     entropy: also return the entropy of every step's distribution (`SampleResult.response_entropy_rn`).
     """
@@ -41,6 +47,8 @@ class SamplingParams:
     greedy: bool = False
     stop_token_ids: tuple[int, ...] = ()
     n: int = 1
+    min_p: float = 0.0
+    stop_sequences: tuple[tuple[int, ...], ...] = ()
     entropy: bool = False
 
     def __post_init__(self) -> None:
@@ -51,6 +59,14 @@ class SamplingParams:
             stops = tuple(sorted({int(s) for s in stops}))
         except TypeError as e:
             raise ValueError(f"stop_token_ids must be a sequence of ints, got {self.stop_token_ids!r}") from e
+        try:
+            sequences = tuple(tuple(int(t) for t in seq) for seq in self.stop_sequences)
+        except TypeError as e:
+            raise ValueError(f"stop_sequences must be sequences of ints, got {self.stop_sequences!r}") from e
+        if any(not seq or min(seq) < 0 for seq in sequences):
+            raise ValueError(f"stop_sequences must be non-empty sequences of ids >= 0, got {sequences}")
+        stops = tuple(sorted(set(stops) | {seq[0] for seq in sequences if len(seq) == 1}))
+        object.__setattr__(self, "stop_sequences", tuple(sorted({seq for seq in sequences if len(seq) > 1})))
         object.__setattr__(self, "stop_token_ids", stops)
         if any(s < 0 for s in stops):
             raise ValueError(f"stop_token_ids must be non-negative, got {stops}")
@@ -60,6 +76,8 @@ class SamplingParams:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1] (0 = off), got {self.min_p}")
         if not isinstance(self.top_k, int | np.integer) or self.top_k < 0:
             raise ValueError(f"top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
         if not isinstance(self.n, int | np.integer) or self.n < 1:
@@ -69,6 +87,7 @@ class SamplingParams:
         object.__setattr__(self, "n", int(self.n))
         object.__setattr__(self, "temperature", float(self.temperature))
         object.__setattr__(self, "top_p", float(self.top_p))
+        object.__setattr__(self, "min_p", float(self.min_p))
 
     @property
     def is_greedy(self) -> bool:
@@ -127,10 +146,21 @@ def _top_p_threshold(probs_rv: jax.Array, top_p: float) -> jax.Array:
 def candidate_logits(logits_rv: jax.Array, sampling: SamplingParams) -> tuple[jax.Array, jax.Array | None]:
     """The distribution sampled from, as candidate logits with excluded tokens at -inf.
 
-    Order as in transformers: temperature, then top-k, then top-p. Returns (logits_rc, ids_rc):
-    with top-k the C = k candidates are the k best (sorted) and ids_rc maps them to vocab ids;
-    otherwise all V logits and ids None.
+    Order as in transformers: temperature, then top-k, then top-p, then min-p. Returns (logits_rc,
+    ids_rc): with top-k the C = k candidates are the k best (sorted) and ids_rc maps them to vocab
+    ids; otherwise all V logits and ids None.
     """
+    logits_rc, ids_rc = _top_k_top_p(logits_rv, sampling)
+    if sampling.min_p > 0.0:
+        # p_i >= min_p * p_max  <=>  z_i >= z_max + log(min_p) on the (tempered) logits: the ratio is
+        # unchanged by the renormalization after top-k/top-p, and the most likely token always stays.
+        floor_r1 = jnp.max(logits_rc, axis=-1, keepdims=True) + math.log(sampling.min_p)
+        logits_rc = jnp.where(logits_rc >= floor_r1, logits_rc, -jnp.inf)
+    return logits_rc, ids_rc
+
+
+def _top_k_top_p(logits_rv: jax.Array, sampling: SamplingParams) -> tuple[jax.Array, jax.Array | None]:
+    """`candidate_logits` before min-p: temperature, top-k, top-p."""
     logits_rv = logits_rv.astype(jnp.float32) / sampling.temperature
     v = logits_rv.shape[-1]
     k = min(sampling.top_k, v)
@@ -229,7 +259,7 @@ def _entropy(logits_rc: jax.Array) -> jax.Array:
 
 def sampling_entropy(logits_rv: jax.Array, sampling: SamplingParams) -> jax.Array:
     """Entropy [R] float32 of the distribution the sampler draws from at these logits: -sum q log q
-    over the candidates (temperature, top-k, top-p applied). Greedy reports the model's own
+    over the candidates (temperature, top-k, top-p, min-p applied). Greedy reports the model's own
     temperature-1 entropy, as it reports the model's log-probs. (`sample_logits` returns the same
     alongside its draw.)"""
     logits_rv = logits_rv.astype(jnp.float32)

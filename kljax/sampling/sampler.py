@@ -10,9 +10,11 @@ N = `max_new_tokens`, V = vocab. Row r of every [R, ...] output belongs to promp
   so one compiled program serves every batch of the same (B, P bucket, sampling params).
 * Prefill runs the B prompts once; the cache rows and last logits are then repeated n times.
 * The decode loop is a `lax.while_loop` over a `DecodeState` of fixed-size buffers. It stops when
-  every row has emitted a stop token or after N tokens. Rows that stopped keep sampling (the batch
-  runs anyway); everything after a row's first stop token is masked once, after the loop. The stop
-  token itself is kept in the response and its mask is True.
+  every row has emitted a stop token (or completed a stop sequence: `SamplingParams.stop_sequences`)
+  or after N tokens. Rows that stopped keep sampling (the batch runs anyway); everything after a
+  row's first stop is masked once, after the loop. The stop token itself (a stop sequence's last
+  token) is kept in the response and its mask is True. Masking only ends a response early, so the
+  log-probs of the tokens kept are unchanged and still equal the teacher-forced ones.
 * Log-probs are those of the sampled token under the exact distribution it was drawn from: logits
   divided by the temperature, restricted to the top-k, then to the top-p nucleus, renormalized.
   With `greedy` (or temperature 0) the distribution is a point mass, so the sampler reports the
@@ -105,7 +107,7 @@ class SampleResult:
     response_logprobs_rn float32 [R, N]: sampler log-probs (0 where masked).
     response_entropy_rn float32 [R, N]: the entropy of each step's distribution (`sampling_entropy`;
     0 where masked), or None unless `SamplingParams.entropy`.
-    response_lengths_r int32 [R]; stopped_r bool [R]: the response ends with a stop token.
+    response_lengths_r int32 [R]; stopped_r bool [R]: the response ends with a stop token or sequence.
     prompt_tokens_rp, prompt_mask_rp [R, P]: the left-padded prompts, repeated n times.
     sequence_tokens_rs, sequence_mask_rs, sequence_positions_rs [R, S]: prompt + response, to
     teacher-force (`response_logprobs`). num_steps int32 []: decode steps actually run.
@@ -135,6 +137,29 @@ class SampleResult:
 
 def _pad_id(config: ModelConfig) -> int:
     return int(config.pad_token_id) if config.pad_token_id is not None else 0
+
+
+def sequence_ends_rn(tokens_rn: jax.Array, sequences: tuple[tuple[int, ...], ...]) -> jax.Array:
+    """bool [R, N]: position j ends an occurrence of one of `sequences` (token ids) within the row."""
+    ends_rn = jnp.zeros(tokens_rn.shape, bool)
+    for seq in sequences:
+        hit_rn = jnp.ones(tokens_rn.shape, bool)
+        for i, token in enumerate(seq):  # token i of the sequence sits at j - (L - 1 - i)
+            shift = len(seq) - 1 - i
+            shifted_rn = jnp.pad(tokens_rn, ((0, 0), (shift, 0)), constant_values=-1)[:, : tokens_rn.shape[1]]
+            hit_rn &= shifted_rn == token
+        ends_rn |= hit_rn
+    return ends_rn
+
+
+def _sequence_ended_r(tokens_rn: jax.Array, step: jax.Array, sequences: tuple[tuple[int, ...], ...]) -> jax.Array:
+    """bool [R]: the token written at `step` completes one of `sequences` (token ids)."""
+    done_r = jnp.zeros(tokens_rn.shape[:1], bool)
+    for seq in sequences:
+        n = len(seq)
+        window_rl = jax.lax.dynamic_slice_in_dim(tokens_rn, jnp.maximum(step - n + 1, 0), n, axis=1)
+        done_r |= (step >= n - 1) & jnp.all(window_rl == jnp.asarray(seq, jnp.int32)[None, :], axis=-1)
+    return done_r
 
 
 @partial(jax.jit, static_argnames=("config", "sampling", "mesh"))
@@ -179,12 +204,16 @@ def _generate_jit(
         entropy_rn = state.entropy_rn
         if entropy_rn is not None:
             entropy_rn = jax.lax.dynamic_update_index_in_dim(entropy_rn, entropy_r, state.step, 1)
+        tokens_rn = jax.lax.dynamic_update_index_in_dim(state.tokens_rn, tok_r, state.step, 1)
+        done_r = state.done_r | jnp.isin(tok_r, stop_ids)
+        if sampling.stop_sequences:
+            done_r |= _sequence_ended_r(tokens_rn, state.step, sampling.stop_sequences)
         return DecodeState(
             step=state.step + 1,
-            tokens_rn=jax.lax.dynamic_update_index_in_dim(state.tokens_rn, tok_r, state.step, 1),
+            tokens_rn=tokens_rn,
             logp_rn=jax.lax.dynamic_update_index_in_dim(state.logp_rn, logp_r, state.step, 1),
             entropy_rn=entropy_rn,
-            done_r=state.done_r | jnp.isin(tok_r, stop_ids),
+            done_r=done_r,
             positions_r=state.positions_r + 1,
             cache=cache,
             key=state.key,
@@ -195,10 +224,13 @@ def _generate_jit(
         weights, state, step_fn, prompt_len=p, config=config, max_new_tokens=big_n, mesh=mesh
     )
 
-    # Mask everything after the first stop token, once.
+    # Mask everything after the first stop token (or stop sequence's last token), once.
     j_n = jnp.arange(big_n)
     ran_rn = j_n[None, :] < state.step
-    is_stop_rn = jnp.isin(state.tokens_rn, stop_ids) & ran_rn
+    is_stop_rn = jnp.isin(state.tokens_rn, stop_ids)
+    if sampling.stop_sequences:
+        is_stop_rn |= sequence_ends_rn(state.tokens_rn, sampling.stop_sequences)
+    is_stop_rn &= ran_rn
     stopped_r = jnp.any(is_stop_rn, axis=-1)
     first_stop_r = jnp.where(stopped_r, jnp.argmax(is_stop_rn, axis=-1), big_n)
     mask_rn = ran_rn & (j_n[None, :] <= first_stop_r[:, None])
@@ -299,6 +331,9 @@ def generate(
         raise ValueError(f"prompt token ids must be in [0, {model_config.vocab_size}), got [{bad.min()}, {bad.max()}]")
     if any(s >= model_config.vocab_size for s in sampling.stop_token_ids):
         raise ValueError(f"stop_token_ids {sampling.stop_token_ids} beyond vocab_size={model_config.vocab_size}")
+    if any(t >= model_config.vocab_size for seq in sampling.stop_sequences for t in seq):
+        raise ValueError(f"stop_sequences {sampling.stop_sequences} hold ids beyond "
+                         f"vocab_size={model_config.vocab_size}")
     if mesh is not None:
         shards = math.prod(mesh.shape[a] for a in ("data", "fsdp") if a in mesh.shape)
         if tokens_bp.shape[0] % shards:

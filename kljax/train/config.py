@@ -43,6 +43,8 @@ class RLConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0  # keep tokens with p >= min_p * p_max (after temperature, top-k, top-p); 0: off
+    stop: tuple[str | int, ...] = ()  # strings or token ids that end a response like EOS (`kljax.sampling.stops`)
     loss_aggregation: str = DEFAULT_AGGREGATION
     clip_low: float | None = 0.2
     clip_high: float | None = None
@@ -89,6 +91,11 @@ class RLConfig:
             raise ValueError(f"rl.top_p={self.top_p} must be in (0, 1]")
         if self.top_k < 0:
             raise ValueError(f"rl.top_k={self.top_k} must be >= 0 (0 = off)")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"rl.min_p={self.min_p} must be in [0, 1] (0 = off)")
+        from kljax.sampling.stops import check_stop_values
+
+        object.__setattr__(self, "stop", check_stop_values(self.stop))
         if self.clip_ratio_c is not None and not self.clip_ratio_c > 1:
             raise ValueError(f"rl.clip_ratio_c={self.clip_ratio_c} must be > 1 (or None: no dual clip)")
         if not self.advantage_std_eps >= 0:

@@ -1,4 +1,5 @@
-"""Per-step metrics of a run: JSON lines (`metrics.jsonl`) and TensorBoard event files.
+"""Per-step metrics of a run: JSON lines (`metrics.jsonl`, the record) and the trackers of
+config.logging.report_to (`kljax.train.tracking`: TensorBoard, W&B, MLflow).
 
 Only process 0 writes. On resume, lines after the restored step are dropped first, so a resumed
 run's metrics file is the same as an uninterrupted run's.
@@ -54,19 +55,21 @@ def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 class MetricsWriter:
-    """Append one row per step to WORKDIR/metrics.jsonl and to TensorBoard events in WORKDIR/tb."""
+    """Append one row per step to WORKDIR/metrics.jsonl and report it to the trackers: those of
+    `config.logging.report_to` when a run config is given (`tracking.open_trackers`; `resume`
+    reopens the tracked runs), else TensorBoard events in WORKDIR/tb when `tensorboard`."""
 
-    def __init__(self, workdir: str | os.PathLike, tensorboard: bool = True) -> None:
+    def __init__(self, workdir: str | os.PathLike, tensorboard: bool = True, config: Any = None,
+                 resume: bool = False) -> None:
+        from kljax.train import tracking
+
         self.active = jax.process_index() == 0
         self.path = Path(workdir) / "metrics.jsonl"
-        self._tb = None
-        if self.active and tensorboard:
-            try:
-                from tensorboardX import SummaryWriter
-            except ImportError:  # optional: JSONL is the record, TensorBoard a view of it
-                SummaryWriter = None
-            if SummaryWriter is not None:
-                self._tb = SummaryWriter(str(Path(workdir) / "tb"))
+        self._trackers: list[tracking.Tracker] = []
+        if self.active and config is not None:
+            self._trackers = tracking.open_trackers(config, workdir, resume)
+        elif self.active and tensorboard and tracking._installed("tensorboardX"):
+            self._trackers = [tracking.TensorBoardTracker(Path(workdir))]
 
     def truncate_after(self, step: int) -> None:
         """Drop rows with step > `step` (left by a run that died after its last checkpoint)."""
@@ -83,11 +86,10 @@ class MetricsWriter:
         row = {"step": int(step), **{k: (v if math.isfinite(v) else None) for k, v in metrics.items()}}  # JSON null
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
-        if self._tb is not None:
-            for k, v in metrics.items():
-                self._tb.add_scalar(k, v, step)
-            self._tb.flush()
+        for tracker in self._trackers:
+            tracker.log(int(step), metrics)
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
+        for tracker in self._trackers:
+            tracker.close()
+        self._trackers = []

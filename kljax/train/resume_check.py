@@ -16,6 +16,7 @@ from kljax.errors import UserError, read_json
 SAFE_FIELDS = (
     "steps", "eval_every", "eval_examples", "task.eval_splits", "log_samples_every", "log_samples_n",
     "checkpoint_every", "keep_checkpoints", "max_nonfinite_steps", "mesh.", "model.remat", "rl.micro_batches",
+    "logging.",
 )
 
 

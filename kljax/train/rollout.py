@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kljax import sampling
+from kljax.models.config import ModelConfig
 from kljax.models.policy_api import as_policy
 from kljax.parallel.distributed import global_from_local_rows, local_rows
 from kljax.parallel.sharding import data_sharding
@@ -129,6 +130,18 @@ def policy_scored_in_update(rl: RLConfig, kl: KLConfig, model: Any) -> bool:
     log-probs cannot stand in for log pi (`sampler_is_policy` is False, e.g. in 16-bit compute) but
     nothing before the update needs log pi either (no KL in the reward, no full-vocabulary KL) and
     one update is made per batch. That update's forward runs at the same, pre-update parameters,
+def run_stops(stop: Sequence[str | int], tokenizer: Any, model_config: Any) -> sampling.Stops:
+    """`rl.stop` as the sampler's stop ids and id sequences (`kljax.sampling.stops`); the transformer
+    sampler only (a tabular policy's responses are its task's, ended by the task's stop token)."""
+    if not stop:
+        return sampling.Stops()
+    vocab_size = getattr(model_config, "vocab_size", None)
+    if not isinstance(model_config, ModelConfig) or vocab_size is None:
+        raise ValueError(f"rl.stop={list(stop)!r} needs a transformer policy (config.model.source 'tiny', "
+                         "'default' or a checkpoint directory)")
+    return sampling.resolve_stops(stop, tokenizer, vocab_size)
+
+
     so it reports the KL metrics and entropy (`StepSettings.kl_metrics`) the scoring pass would
     have: the same numbers up to float rounding, one forward pass fewer per iteration.
     """
@@ -187,6 +200,7 @@ def rollout(
     """Sample G responses per example with `sampler_params`, score and reward them, and build the batch.
 
     `reward_fn(examples, completions) -> RewardResult` (`kljax.train.reward_set.RewardSet`) replaces the
+    stops = run_stops(rl.stop, tokenizer, model_config)  # rl.stop: strings or ids that end a response like EOS
     task's own reward when given."""
     times = {}
     t0 = time.perf_counter()
@@ -194,8 +208,9 @@ def rollout(
     prompt_ids, prompt_mask = encode_prompts(texts, tokenizer, rl.max_prompt_len, pad_id)
     reuse = sampler_is_policy(rl, kl, model_config)  # then score_fn runs the reference only (`trainer.build`)
     params_s = sampling.SamplingParams(
-        temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k, max_new_tokens=rl.max_new_tokens,
-        stop_token_ids=tuple(stop_token_ids), n=rl.group_size, entropy=reuse,
+        temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k, min_p=rl.min_p, max_new_tokens=rl.max_new_tokens,
+        stop_token_ids=tuple(stop_token_ids) + stops.token_ids, stop_sequences=stops.sequences, n=rl.group_size,
+        entropy=reuse,
     )
     result = as_policy(model_config).sample(sampler_params, prompt_ids, prompt_mask, key, params_s, mesh=mesh)
     response_tokens, response_mask = result.response_tokens_rn, result.response_mask_rn

@@ -2,7 +2,8 @@
 
     write_json(path, obj)                  JSON with null for NaN/inf (never bare NaN)
     sample_records(step, examples, info, batch, group_size, n)  -> the samples.jsonl rows of a step
-    eval_metrics(results)                  {"eval/SPLIT/accuracy": ..., "eval/SPLIT/reward": ...}
+    eval_metrics(results)                  {"eval/SPLIT/accuracy": ..., "eval/SPLIT/reward": ...,
+                                           "eval/SPLIT/reward/NAME": ... (each reward function)}
     step_line(step, steps, row)            "step 3/10 reward=0.250 accuracy=0.125 kl_seq=0.012 ..."
 """
 
@@ -122,11 +123,14 @@ def truncate_jsonl(path: str | os.PathLike, step: int) -> str | None:
 
 
 def eval_metrics(results: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
-    """The metrics-row entries of an evaluation: eval/SPLIT/accuracy and eval/SPLIT/reward."""
+    """The metrics-row entries of an evaluation: eval/SPLIT/accuracy, eval/SPLIT/reward and, with
+    reward functions, eval/SPLIT/reward/NAME (each one's mean)."""
     out = {}
     for split, r in results.items():
         out[f"eval/{split}/accuracy"] = float(r["accuracy"])
         out[f"eval/{split}/reward"] = float(r["reward"])
+        for name, mean in r.get("rewards", {}).items():
+            out[f"eval/{split}/reward/{name}"] = float(mean)
     return out
 
 

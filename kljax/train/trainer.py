@@ -56,6 +56,7 @@ from kljax.train.step import Batch, StepSettings, batch_kl_metrics, batch_shardi
 from kljax.train.workdir_lock import WorkdirLock
 
 PROGRESS_KEYS = ("reward", "accuracy", "kl_seq", "entropy")
+from kljax.train.tracking import check_report_to
 
 
 class NonFiniteError(RuntimeError):
@@ -306,7 +307,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str | Path, resume: str |
     )
     beta = float(kl.beta)
     start = 0
-    writer = MetricsWriter(workdir)
+    writer = MetricsWriter(workdir, config=settings.raw, resume=bool(resume and latest is not None))  # + trackers
     if resume and latest is not None:
         like = _checkpoint_tree(state, snapshots)
         snapshot_shardings = collections.deque([run.policy.param_shardings] * len(snapshots))
@@ -423,3 +424,4 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, resume: bool |
     finally:
         if lock is not None:
             lock.release()
+    check_report_to(config)  # a W&B / MLflow tracker that is not installed: one line, before anything loads
