@@ -57,15 +57,15 @@ def base() -> ml_collections.ConfigDict:
         dict(functions="", weights=None, on_error="raise", timeout_s=None, model="", model_weight=1.0,
              model_max_len=0)
     )
+    # Trackers beside metrics.jsonl (kljax/train/tracking.py): a comma list of tensorboard, wandb, mlflow
+    # (the last two: pip install 'kljax[track]'), or "none"; project: the W&B project / MLflow experiment
+    c.logging = ml_collections.ConfigDict(dict(report_to="tensorboard", project="kljax", run_name=""))
     c.log_samples_every = 0  # write a few prompts/completions to samples.jsonl every this many steps
     c.log_samples_n = 4
     c.kl = ml_collections.ConfigDict(
         dict(estimator="k1", placement="reward", credit="sequence", scope="token", off_policy="none",
              truncation=None, beta=0.05, target_kl=None, adapt_horizon=10000.0,
              in_baseline=True)  # False: the reward-placed KL after the group baseline/scale (OpenRLHF)
-    # Trackers beside metrics.jsonl (kljax/train/tracking.py): a comma list of tensorboard, wandb, mlflow
-    # (the last two: pip install 'kljax[track]'), or "none"; project: the W&B project / MLflow experiment
-    c.logging = ml_collections.ConfigDict(dict(report_to="tensorboard", project="kljax", run_name=""))
     )
     c.rl = ml_collections.ConfigDict(
         dict(advantage="rloo", group_size=4, prompts_per_step=8, max_prompt_len=64, max_new_tokens=32,

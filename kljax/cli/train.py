@@ -74,9 +74,9 @@ def run(args: argparse.Namespace) -> int:
     exact = summary.get("exact")
     if exact:  # a task with an exact optimum (toy_optimum)
         print(f"exact gap to pi* (beta KL(pi || pi*)): {exact['before']:.4g} -> {exact['after']:.4g}")
-    print(json.dumps({"workdir": str(args.workdir), "after": summary["after"],
-                      **({"exact_gap": exact} if exact else {})}))
-    return 0
     from kljax.train.run_outputs import output_lines
 
     print("\n".join(output_lines(args.workdir)))  # where the outputs are, and the next commands to try
+    print(json.dumps({"workdir": str(args.workdir), "after": summary["after"],
+                      **({"exact_gap": exact} if exact else {})}))
+    return 0

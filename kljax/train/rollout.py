@@ -130,6 +130,13 @@ def policy_scored_in_update(rl: RLConfig, kl: KLConfig, model: Any) -> bool:
     log-probs cannot stand in for log pi (`sampler_is_policy` is False, e.g. in 16-bit compute) but
     nothing before the update needs log pi either (no KL in the reward, no full-vocabulary KL) and
     one update is made per batch. That update's forward runs at the same, pre-update parameters,
+    so it reports the KL metrics and entropy (`StepSettings.kl_metrics`) the scoring pass would
+    have: the same numbers up to float rounding, one forward pass fewer per iteration.
+    """
+    return (not sampler_is_policy(rl, kl, model) and not kl.in_reward and kl.estimator != "full"
+            and rl.updates_per_batch == 1)
+
+
 def run_stops(stop: Sequence[str | int], tokenizer: Any, model_config: Any) -> sampling.Stops:
     """`rl.stop` as the sampler's stop ids and id sequences (`kljax.sampling.stops`); the transformer
     sampler only (a tabular policy's responses are its task's, ended by the task's stop token)."""
@@ -140,13 +147,6 @@ def run_stops(stop: Sequence[str | int], tokenizer: Any, model_config: Any) -> s
         raise ValueError(f"rl.stop={list(stop)!r} needs a transformer policy (config.model.source 'tiny', "
                          "'default' or a checkpoint directory)")
     return sampling.resolve_stops(stop, tokenizer, vocab_size)
-
-
-    so it reports the KL metrics and entropy (`StepSettings.kl_metrics`) the scoring pass would
-    have: the same numbers up to float rounding, one forward pass fewer per iteration.
-    """
-    return (not sampler_is_policy(rl, kl, model) and not kl.in_reward and kl.estimator != "full"
-            and rl.updates_per_batch == 1)
 
 
 def decode_responses(tokenizer: Any, tokens_rn: np.ndarray, mask_rn: np.ndarray) -> list[str]:
@@ -200,13 +200,13 @@ def rollout(
     """Sample G responses per example with `sampler_params`, score and reward them, and build the batch.
 
     `reward_fn(examples, completions) -> RewardResult` (`kljax.train.reward_set.RewardSet`) replaces the
-    stops = run_stops(rl.stop, tokenizer, model_config)  # rl.stop: strings or ids that end a response like EOS
     task's own reward when given."""
     times = {}
     t0 = time.perf_counter()
     texts = prompt_texts(examples, task, tokenizer, prompt_format)
     prompt_ids, prompt_mask = encode_prompts(texts, tokenizer, rl.max_prompt_len, pad_id)
     reuse = sampler_is_policy(rl, kl, model_config)  # then score_fn runs the reference only (`trainer.build`)
+    stops = run_stops(rl.stop, tokenizer, model_config)  # rl.stop: strings or ids that end a response like EOS
     params_s = sampling.SamplingParams(
         temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k, min_p=rl.min_p, max_new_tokens=rl.max_new_tokens,
         stop_token_ids=tuple(stop_token_ids) + stops.token_ids, stop_sequences=stops.sequences, n=rl.group_size,

@@ -53,10 +53,10 @@ from kljax.train.policy import Policy, load_policy
 from kljax.train.resume_check import check_resume_workdir
 from kljax.train.rollout import RolloutInfo, policy_scored_in_update, rollout, sampler_is_policy
 from kljax.train.step import Batch, StepSettings, batch_kl_metrics, batch_shardings, score, train_step
+from kljax.train.tracking import check_report_to
 from kljax.train.workdir_lock import WorkdirLock
 
 PROGRESS_KEYS = ("reward", "accuracy", "kl_seq", "entropy")
-from kljax.train.tracking import check_report_to
 
 
 class NonFiniteError(RuntimeError):
@@ -414,6 +414,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, resume: bool |
     if mode not in (None, *RESUME_MODES):
         raise UserError(f"--resume={resume!r} is not valid; choose one of {list(RESUME_MODES)} (or plain --resume)")
     validate(config)  # a bad config creates no workdir
+    check_report_to(config)  # a W&B / MLflow tracker that is not installed: one line, before anything loads
     Path(workdir).mkdir(parents=True, exist_ok=True)
     lock = WorkdirLock(workdir).acquire() if distributed.is_main_process() else None
     try:
@@ -424,4 +425,3 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, resume: bool |
     finally:
         if lock is not None:
             lock.release()
-    check_report_to(config)  # a W&B / MLflow tracker that is not installed: one line, before anything loads
