@@ -162,3 +162,14 @@ def test_default_model_cache_entry_not_written_by_kljax_is_kept(tmp_path):
     with pytest.raises(UserError, match="kljax does not delete it"):
         default_model_dir(tmp_path)
     assert (target / "mine.txt").read_text() == "keep me"
+
+
+def test_new_run_refuses_a_workdir_holding_files_kljax_did_not_write(tmp_path):
+    (tmp_path / "samples.jsonl").write_text('{"prompt": "my data"}\n')
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}\n')
+    overrides = {**MESH, "steps": 1, "eval_examples": 8}
+    config = apply_overrides(load_config("configs/tiny.py"), [f"--config.{k}={v}" for k, v in overrides.items()])
+    with pytest.raises(UserError, match="holds config.json, samples.jsonl but no kljax run"):
+        train(config, tmp_path, progress=False)
+    assert (tmp_path / "samples.jsonl").read_text() == '{"prompt": "my data"}\n'
+    assert (tmp_path / "config.json").read_text() == '{"model_type": "llama"}\n'

@@ -9,6 +9,8 @@
     check_apart(out, run)         an output that is, contains or lies inside a run it reads (symbolic
                                   links resolved) is a UserError
     single_component(name, what)  a name used as one path component ("a/b", "..", "" refused)
+    claim_run_dir(workdir)        before a new run writes config.json, metrics.jsonl, samples.jsonl ...:
+                                  refuse a directory where kljax did not write them
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def is_marked(directory: str | os.PathLike, legacy: Iterable[str] = ()) -> bool:
     directory = Path(directory)
     if directory.is_symlink() or not directory.is_dir():
         return False
-    return any((directory / name).is_file() and not (directory / name).is_symlink() for name in (MARKER, *legacy))
+    return any((directory / name).exists() and not (directory / name).is_symlink() for name in (MARKER, *legacy))
 
 
 def remove_marked(directory: str | os.PathLike, what: str, legacy: Iterable[str] = ()) -> None:
@@ -77,3 +79,20 @@ def single_component(name: str, what: str) -> str:
         raise UserError(f"{what} {name!r} is not a single path component (no '/', '\\', '.', '..' or empty "
                         "name): it names a directory")
     return name
+
+
+RUN_FILES = ("config.json", "metrics.jsonl", "samples.jsonl", "eval_before.json", "eval_after.json",
+             "exact_before.json")  # what a new run writes over or deletes in its workdir
+LEGACY_RUN = ("eval_before.json", "checkpoints")  # a run of a kljax before the marker
+
+
+def claim_run_dir(workdir: str | os.PathLike) -> None:
+    """Mark WORKDIR as a kljax run before a new run writes there; a UserError when it holds files a
+    run writes over (RUN_FILES) that kljax did not write (no MARKER, no earlier run's LEGACY_RUN)."""
+    workdir = Path(workdir)
+    clashing = [n for n in RUN_FILES if (workdir / n).exists() or (workdir / n).is_symlink()]
+    if clashing and not is_marked(workdir, LEGACY_RUN):
+        raise UserError(f"--workdir {workdir} holds {', '.join(clashing)} but no kljax run ({MARKER}): a new run "
+                        "would overwrite them; give a new or empty directory")
+    if not (workdir / MARKER).is_file():
+        mark(workdir, "kljax train run")

@@ -49,6 +49,7 @@ from kljax.train.checkpoint import RunCheckpointer
 from kljax.train.config import RunSettings, check_against_model, validate
 from kljax.train.evaluate_loop import evaluate_splits
 from kljax.train.metrics import MetricsWriter, to_python
+from kljax.train.owned_paths import claim_run_dir
 from kljax.train.policy import Policy, load_policy
 from kljax.train.resume_check import check_resume_workdir
 from kljax.train.rollout import RolloutInfo, policy_scored_in_update, rollout, sampler_is_policy
@@ -289,6 +290,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str | Path, resume: str |
         print(f"kljax train: objective {objective.name}: {objective.verdict}, E[gradient] = {objective.gradient}",
               flush=True)
     workdir.mkdir(parents=True, exist_ok=True)
+    if main and not (workdir / "checkpoints").is_dir():  # a new run: never over files kljax did not write
+        claim_run_dir(workdir)
     ckpt = RunCheckpointer(workdir / "checkpoints", settings.keep_checkpoints)
     latest = ckpt.latest_step()
     if latest is not None and not resume:
