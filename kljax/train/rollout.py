@@ -36,8 +36,8 @@ from kljax.parallel.sharding import data_sharding
 from kljax.rl.advantages import DEFAULT_STD_EPS
 from kljax.rl.kl import KLConfig
 from kljax.rl.objective import advantages_with_kl
+from kljax.tasks import prompting
 from kljax.tasks.base import Example, Task
-from kljax.tasks.prompting import SYSTEM_PROMPT, build_messages, render_messages
 from kljax.tasks.rewards import score_batch
 from kljax.train.config import RLConfig
 from kljax.train.step import Batch
@@ -66,15 +66,8 @@ class RolloutInfo:
 
 
 def prompt_texts(examples: Sequence[Example], task: Task, tokenizer: Any, prompt_format: str) -> list[str]:
-    """The text each prompt is tokenized from: the chat template, a plain template, or the raw prompt."""
-    if prompt_format == "raw":
-        return [ex.prompt for ex in examples]
-    chat = prompt_format == "chat"
-    if hasattr(task, "messages"):  # a task that builds its own conversation (kljax.tasks.files.FileTask)
-        return [render_messages(task.messages(ex), tokenizer, chat_template=chat) for ex in examples]
-    system = getattr(task, "system_prompt", SYSTEM_PROMPT)  # config.task.system_prompt, see tasks.from_config
-    return [render_messages(build_messages(ex, task, system_prompt=system), tokenizer, chat_template=chat)
-            for ex in examples]
+    """The text each prompt is tokenized from (`kljax.tasks.prompting.prompt_texts`)."""
+    return prompting.prompt_texts(examples, task, tokenizer, prompt_format)
 
 
 def encode_prompts(texts: Sequence[str], tokenizer: Any, max_len: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -199,7 +192,8 @@ def rollout(
 ) -> tuple[Batch, RolloutInfo]:
     """Sample G responses per example with `sampler_params`, score and reward them, and build the batch.
 
-    `reward_fn(examples, completions) -> RewardResult` (`kljax.train.reward_set.RewardSet`) replaces the
+    `reward_fn(examples, completions, completion_ids) -> RewardResult` (`kljax.train.reward_set.RewardSet`)
+    replaces the
     task's own reward when given."""
     times = {}
     t0 = time.perf_counter()
@@ -227,7 +221,9 @@ def rollout(
     if reward_fn is None:
         rewards, correct = score_batch(task, [examples[i // g] for i in rows], completions)
     else:
-        scored_rewards = reward_fn([examples[i // g] for i in rows], completions)
+        ids = [[int(t) for t, m in zip(row, mrow, strict=True) if m] for row, mrow in zip(local_ids, local_mask,
+                                                                                          strict=True)]
+        scored_rewards = reward_fn([examples[i // g] for i in rows], completions, ids)
         rewards, correct = scored_rewards.rewards, scored_rewards.correct
         parts, reward_metrics = scored_rewards.parts, scored_rewards.metrics
     rewards, correct = np.asarray(rewards, np.float32), np.asarray(correct, bool)
