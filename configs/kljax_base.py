@@ -42,12 +42,15 @@ def base() -> ml_collections.ConfigDict:
         )
     )
     c.task = ml_collections.ConfigDict(
-        dict(name="arithmetic", split="train", eval_splits="test,ood_digits,ood_ops", prompt_format="chat",
+        # eval_splits "": the task's own (a data file's test/validation split; arithmetic's test,ood_digits,ood_ops).
+        # prompt_format "auto": built-in tasks through the chat template; the user's data as TRL sends it
+        # (standard prompts as written, conversational ones through the chat template); see kljax/tasks/prompting.py
+        dict(name="arithmetic", split="train", eval_splits="", prompt_format="auto",
              answer_format="", data_dir="",  # answer_format: "boxed", "answer_line" or "" (the task's own)
              # File tasks (name jsonl, parquet, csv or hf; see kljax/tasks/files.py):
              path="", prompt_key="prompt", answer_key="", messages_key="", eval_fraction=0.1,
              prompt_template="", drop_overlong=False,
-             system_prompt=None,  # None: kljax's default system prompt; "": none
+             system_prompt=None,  # None: kljax's default for built-in tasks, none for data files; "": none
              # Task toy_optimum (kljax/tasks/toy_optimum.py): one prompt per reward shape, responses of
              # response_len tokens over vocab ids (the last one the stop token)
              toy=dict(shapes="sparse,long,conflict", vocab=3, response_len=3))
