@@ -276,3 +276,21 @@ def test_a_function_of_main_runs_in_the_pool(tmp_path):
         assert rs(examples(), ["1", "22", "333"]).parts["scripted"].tolist() == [1.0, 2.0, 3.0]
     finally:
         rs.close()
+
+
+def test_a_main_spec_runs_with_the_time_limit(monkeypatch):
+    """reward.functions='__main__:fn' (a script calling kljax.train): it broke with reward.timeout_s."""
+    import sys
+
+    def main_fn(completions, **kwargs):
+        return [3.0] * len(completions)
+
+    main_fn.__module__, main_fn.__qualname__ = "__main__", "kljax_test_main_fn"
+    monkeypatch.setattr(sys.modules["__main__"], "kljax_test_main_fn", main_fn, raising=False)
+    c = apply_overrides(load_config("configs/tiny.py"), ["--config.reward.functions=__main__:kljax_test_main_fn",
+                                                          "--config.reward.timeout_s=30.0"])
+    rs = RewardSet.from_config(c, get_task("repeat_digit"), columns=["answer"])
+    try:
+        assert rs(examples(2), ["1", "2"]).parts["kljax_test_main_fn"].tolist() == [3.0, 3.0]
+    finally:
+        rs.close()

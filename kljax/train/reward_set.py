@@ -170,8 +170,12 @@ class RewardSet:
 
     def _placed(self, fn: Any) -> Any:
         """fn as it will run: the user's callables as picklable RewardRefs when they run in the pool."""
-        if self.timeout_s is not None and rf.is_user_code(fn) and not isinstance(fn, rf.RewardRef):
+        if self.timeout_s is None or not rf.is_user_code(fn):
+            return fn
+        if not isinstance(fn, rf.RewardRef):
             return rf.callable_ref(fn)
+        if fn.payload is None and fn.spec.startswith("__main__:"):  # exists only here: send it by value
+            return rf.callable_ref(rf.resolve(fn.spec))
         return fn
 
     def _in_pool(self, fn: Any) -> bool:
