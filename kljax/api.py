@@ -224,6 +224,53 @@ def _model_source(model: ModelSpec, workdir: Path, resume: bool) -> str:
     return str(path)
 
 
+class _Known(Exception):
+    """Raised by `_model_and_tokenizer`'s hook: the model config and tokenizer are known, no weight is needed."""
+
+
+def _model_and_tokenizer(config: ml_collections.ConfigDict, task: Any) -> tuple[Any, Any]:
+    """The model config and tokenizer a run would load (no weight read, nothing placed on a device)."""
+    from kljax.train.policy import load_policy
+
+    found: list[Any] = []
+
+    def stop(model: Any, tokenizer: Any) -> None:
+        found.extend((model, tokenizer))
+        raise _Known
+
+    try:
+        load_policy(config.model, None, task=task, before_weights=stop)
+    except _Known:
+        pass
+    return found[0], found[1]
+
+
+def auto_prompt_len(config: ml_collections.ConfigDict, explicit: set[str]) -> int | None:
+    """rl.max_prompt_len for the user's data when it is left at the run default (not set by the user nor
+    by the config file): the longest prompt after templating, at most the model's context minus
+    rl.max_new_tokens; None when it does not apply (a built-in task, a value chosen) or cannot be told
+    (a prompt the tokenizer cannot encode: the trainer's own check names it)."""
+    from kljax.tasks.files import FORMATS
+    from kljax.tasks.from_config import task_from_config
+    from kljax.tasks.prompting import prompt_texts
+    from kljax.train.config_checks import default_config
+
+    defaults = default_config()
+    if (str(config.task.name) not in FORMATS or "rl.max_prompt_len" in explicit or defaults is None
+            or config.rl.max_prompt_len != defaults.rl.max_prompt_len):
+        return None
+    task = task_from_config(config)
+    model, tokenizer = _model_and_tokenizer(config, task)
+    fmt = str(config.task.prompt_format)
+    try:
+        longest = max(len(tokenizer.encode(text, add_special_tokens=False)) for split in task.splits
+                      for text in prompt_texts(task.examples(split), task, tokenizer, fmt))
+    except ValueError:
+        return None
+    room = int(getattr(model, "max_position_embeddings", 0) or 0) - int(config.rl.max_new_tokens)
+    return max(1, min(longest, room)) if room >= 1 else longest
+
+
 class RLTrainer:
     """KL-regularized RL fine-tuning from Python (see the module docstring).
 
@@ -262,7 +309,7 @@ class RLTrainer:
         if data:
             _restart_task_section(config, builtin_task, explicit)
         validate(config)
-        self.config = config
+        self.config, self.explicit = config, explicit
         self.result: TrainResult | None = None
 
     def train(self, stop_after: int | None = None) -> TrainResult:
@@ -270,6 +317,12 @@ class RLTrainer:
         from kljax.train import trainer
         from kljax.train.metrics import read_jsonl
 
+        fitted = auto_prompt_len(self.config, self.explicit)
+        if fitted is not None and fitted != self.config.rl.max_prompt_len:
+            print(f"kljax train: rl.max_prompt_len={fitted}: the longest prompt of the data after templating "
+                  f"(capped by the model's context; set rl.max_prompt_len to choose)", flush=True)
+            with self.config.unlocked():
+                self.config.rl.max_prompt_len = fitted
         summary = trainer.train(self.config, self.workdir, resume=self.resume, progress=self.progress,
                                 stop_after=stop_after, reward_funcs=self.reward_funcs)
         policy = dataclasses.replace(summary["policy"], params=summary["params"])

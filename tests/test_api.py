@@ -141,3 +141,18 @@ def test_prompts_as_written_messages_key_prompt_and_the_longest_row_named(tmp_pa
                                   "--config.task.messages_key=prompt", "--config.task.eval_fraction=0.0"])
     task = task_from_config(config)
     assert task.conversational and task.messages(task.examples("train")[0]) == [{"role": "user", "content": "1+1="}]
+
+
+def test_max_prompt_len_defaults_to_the_longest_prompt(tmp_path):
+    from kljax.api import auto_prompt_len, run_config
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS[:4] + [{"prompt": "12345+678=", "solution": "x"}]))
+    run = tmp_path / "run.yaml"  # the run defaults (rl.max_prompt_len=64) with the tiny model
+    run.write_text(f"model: {{source: tiny}}\ntask: {{name: jsonl, path: {data}}}\n")
+    config, explicit = run_config(str(run))
+    assert auto_prompt_len(config, explicit) == 10  # "12345+678=" as written, one token per character
+    config, explicit = run_config(str(run), ["--config.rl.max_new_tokens=60"])
+    assert auto_prompt_len(config, explicit) == 4  # the tiny model's 64 positions leave 4
+    config, explicit = run_config(str(run), ["--config.rl.max_prompt_len=64"])
+    assert auto_prompt_len(config, explicit) is None  # chosen: kept
