@@ -47,7 +47,11 @@ _HOOKS = ("trainer_state", "log_metric", "log_extra")  # not per-sample: passed 
 
 
 class RewardFunctionError(ValueError):
-    """A reward function failed (raised, timed out, or returned something other than finite numbers)."""
+    """A reward function failed (raised, timed out, or returned something other than finite numbers);
+    its message is one line, whatever the function's own exception said."""
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(str(message).split()))
 
 
 @dataclasses.dataclass
