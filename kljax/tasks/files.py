@@ -5,16 +5,19 @@
     FileTask("hf", path="DIR_OR_HUB_NAME", messages_key="messages")
 
 `path` is one file (its rows are split into `train` and `test` by a seeded shuffle, a fraction
-`eval_fraction` of them test; 0 keeps them all in train) or `train=FILE,test=FILE`. For `hf` it is a
-local dataset directory (`save_to_disk` or a directory of data files) or a hub name, whose
-`train`/`test` splits are used.
+`eval_fraction` of them test, `held_out` says how many; 0 keeps them all in train) or
+`train=FILE,test=FILE`. For `hf` it is a local dataset directory (`save_to_disk` or a directory of
+data files) or a hub name, whose `train` and `test`/`validation` splits are used.
 
+TRL's two layouts are told apart from the data: "standard" (the `prompt_key` column is text) and
+"conversational" (it is a list of {"role", "content"} messages, or `messages_key` names such a
+column): `conversational` is then True and `metadata["messages"]` holds each row's conversation.
 Each row becomes an `Example`: `prompt` is `prompt_template.format(**row)` (or the row's
-`prompt_key` column), `answer` the `answer_key` column as text ("" without one), and
-`metadata["columns"]` every column of the row except the prompt column (they go to reward
-functions as keyword arguments). With `messages_key`, that column (a list of {"role", "content"})
-is the conversation, used as is. Every row is checked when the task is built: the keys must be
-present (a ValueError names the file and the 1-based row).
+`prompt_key` column; conversational: its last user message, for display), `answer` the `answer_key`
+column as text ("" without one), and `metadata["columns"]` every column of the row except the
+prompt column (they go to reward functions as keyword arguments). Every row is checked when the
+task is built: the keys must be present (a ValueError names the file and the 1-based row). A
+system prompt or answer-format line is added only when asked (`system_prompt`, `answer_format`).
 
 Epochs: `epoch_examples(split, position, n, seed)` reads `n` rows from a stream that visits every
 row once per pass, each pass in its own seeded order; the trainer keeps `position` in its
@@ -90,7 +93,7 @@ def _read_hf(path: str) -> dict[str, tuple[str, list[dict[str, Any]]]]:
         return {"all": (path, loaded.to_list())}
     if "train" not in loaded:
         raise ValueError(f"task.path={path!r}: the dataset has no train split; splits: {sorted(loaded)}")
-    return {s: (f"{path} [{s}]", loaded[s].to_list()) for s in ("train", "test") if s in loaded}
+    return {s: (f"{path} [{s}]", loaded[s].to_list()) for s in ("train", *FileTask.EVAL_SPLITS) if s in loaded}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,19 +105,31 @@ class Row:
     values: dict[str, Any]
 
 
+def is_conversation(value: Any) -> bool:
+    """Whether `value` is a chat conversation: a non-empty list of {"role": str, "content": str} (TRL's layout)."""
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value)
+
+
 class FileTask(Task):
     """A task whose examples are the rows of the user's files (see the module docstring).
 
     Its `check` compares the completion's final answer (`answers.extract_final_answer`) with the
     answer column: integers numerically, anything else as text after `answers.clean_answer`.
     Without an answer column it cannot score: use reward functions or a reward model.
+
+    `data` ({split or "all": (where, rows)}) gives the rows directly instead of reading `path`.
+    `conversational` is decided from the data: the prompt column (or `messages_key`) holds message
+    lists. `held_out` is (rows moved to `test`, rows in all) when one file was split, else None.
     """
 
     answer_format = ""  # no answer-format line unless asked (task.answer_format)
+    EVAL_SPLITS = ("test", "validation", "valid", "eval", "dev")
 
     def __init__(self, fmt: str, path: str, prompt_key: str = "prompt", answer_key: str = "",
                  messages_key: str = "", eval_fraction: float = 0.1, prompt_template: str = "",
-                 system_prompt: str | None = None, seed: int = 0):
+                 system_prompt: str | None = None, seed: int = 0,
+                 data: dict[str, tuple[str, list[dict[str, Any]]]] | None = None):
         if fmt not in FORMATS:
             raise ValueError(f"unknown data format {fmt!r}; valid formats: {sorted(FORMATS)}")
         if not 0 <= eval_fraction < 1:
@@ -122,12 +137,20 @@ class FileTask(Task):
         self.name = fmt
         self.path, self.prompt_key, self.answer_key = str(path), prompt_key, answer_key
         self.messages_key, self.prompt_template, self.system_prompt = messages_key, prompt_template, system_prompt
-        raw = _read_hf(path) if fmt == "hf" else _read_split_files(fmt, parse_path(path))
+        if data is not None:
+            raw = data
+        else:
+            raw = _read_hf(path) if fmt == "hf" else _read_split_files(fmt, parse_path(path))
+        first = next(iter(raw.values()), ("", []))
+        self.conversation_key = messages_key or (
+            prompt_key if not prompt_template and first[1] and is_conversation(first[1][0].get(prompt_key)) else "")
+        self.conversational = bool(self.conversation_key)
         rows: dict[str, list[Row]] = {}
         for split, (where, values) in raw.items():
             if not values:
                 raise ValueError(f"{where}: no rows")
             rows[split] = [self._checked(Row(where, i, dict(v))) for i, v in enumerate(values)]
+        self.held_out: tuple[int, int] | None = None
         if "all" in rows:
             everything = rows.pop("all")
             order = list(range(len(everything)))
@@ -139,22 +162,29 @@ class FileTask(Task):
             rows["train"] = [r for r in everything if r.index not in test_idx]
             if n_test:
                 rows["test"] = [r for r in everything if r.index in test_idx]
+                self.held_out = (n_test, len(everything))
         self._rows = rows
-        self.splits = tuple(s for s in ("train", "test") if s in rows)
+        self.splits = tuple(s for s in ("train", *self.EVAL_SPLITS) if s in rows)
+        names = {k for rs in rows.values() for r in rs for k in r.values} - (
+            {self.prompt_key} if not prompt_template else set())
+        self.column_names = tuple(sorted(names | ({"answer"} if answer_key else set())))
+
+    @property
+    def default_eval_splits(self) -> tuple[str, ...]:
+        """The data's own evaluation split(s): test, validation, ... (none when all rows train)."""
+        return tuple(s for s in self.EVAL_SPLITS if s in self._rows)[:1]
 
     # ------------------------------------------------------------------ rows -> examples
 
     def _checked(self, row: Row) -> Row:
         where = f"{row.where}, row {row.index + 1}"
         v = row.values
-        if self.messages_key:
-            msgs = v.get(self.messages_key)
-            if not isinstance(msgs, list) or not msgs or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                for m in msgs
-            ):
-                raise ValueError(f"{where}: column {self.messages_key!r} (task.messages_key) must be a non-empty "
-                                 f"list of {{'role', 'content'}} messages; columns: {sorted(v)}")
+        if self.conversation_key:
+            if not is_conversation(v.get(self.conversation_key)):
+                field = "task.messages_key" if self.messages_key else "task.prompt_key; conversational data"
+                raise ValueError(f"{where}: column {self.conversation_key!r} ({field}) must be a non-empty "
+                                 f"list of {{'role', 'content'}} messages like the first row's, got "
+                                 f"{type(v.get(self.conversation_key)).__name__}; columns: {sorted(v)}")
         elif self.prompt_template:
             try:
                 text = self.prompt_template.format(**v)
@@ -167,7 +197,8 @@ class FileTask(Task):
             got = "missing" if v.get(self.prompt_key) is None else f"{type(v[self.prompt_key]).__name__} " \
                 f"{v[self.prompt_key]!r:.40}"
             raise ValueError(f"{where}: prompt column {self.prompt_key!r} (task.prompt_key) must be a non-empty "
-                             f"string, got {got}; columns: {sorted(v)}")
+                             f"string (or, for conversational data in every row, a list of messages), got {got}; "
+                             f"columns: {sorted(v)}")
         if self.answer_key and v.get(self.answer_key) is None:
             raise ValueError(f"{where}: answer column {self.answer_key!r} (task.answer_key) is missing; "
                              f"columns: {sorted(v)}")
@@ -175,9 +206,12 @@ class FileTask(Task):
 
     def _example(self, split: str, row: Row) -> Example:
         v = row.values
-        if self.messages_key:
-            users = [m["content"] for m in v[self.messages_key] if m["role"] == "user"]
-            prompt = users[-1] if users else v[self.messages_key][-1]["content"]
+        meta: dict[str, Any] = {"where": row.where, "row": row.index}
+        if self.conversation_key:
+            messages = v[self.conversation_key]
+            users = [m["content"] for m in messages if m["role"] == "user"]
+            prompt = users[-1] if users else messages[-1]["content"]  # for display; the model gets `messages`
+            meta["messages"] = messages
         elif self.prompt_template:
             prompt = self.prompt_template.format(**v)
         else:
@@ -186,7 +220,7 @@ class FileTask(Task):
         columns = {k: val for k, val in v.items() if k != (self.prompt_key if not self.prompt_template else None)}
         if self.answer_key and "answer" not in columns:
             columns["answer"] = answer
-        meta = {"columns": columns, "where": row.where, "row": row.index}
+        meta["columns"] = columns
         return Example(prompt, answer, self.name, split, f"{split}-{row.index}", meta)
 
     def rows(self, split: str) -> list[Row]:
@@ -229,18 +263,23 @@ class FileTask(Task):
     # ------------------------------------------------------------------ prompts and the default check
 
     def messages(self, example: Example) -> list[Message]:
-        """The conversation of `example`: its messages column as is, else the system prompt (kljax's
-        default when None, none when "") and the user prompt, plus the answer-format line when asked."""
-        from kljax.tasks.prompting import ANSWER_FORMATS, SYSTEM_PROMPT
+        """The conversation of `example`: its messages as they are (conversational data), else a system
+        message when asked (task.system_prompt; none by default) and the prompt, with the
+        answer-format line when asked (task.answer_format)."""
+        if self.conversational:
+            return [dict(m) for m in example.metadata["messages"]]
+        system = self.system_prompt or ""
+        return ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": self.as_written(example)}]
 
-        columns = example.metadata["columns"]
-        if self.messages_key:
-            return [dict(m) for m in columns[self.messages_key]]
-        user = example.prompt.strip()
+    def as_written(self, example: Example) -> str:
+        """A standard prompt as the data wrote it (after task.prompt_template), with the answer-format
+        line when asked."""
+        from kljax.tasks.prompting import ANSWER_FORMATS
+
         if self.answer_format:
-            user = f"{user}\n\n{ANSWER_FORMATS[self.answer_format]}"
-        system = SYSTEM_PROMPT if self.system_prompt is None else self.system_prompt
-        return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+            return f"{example.prompt.strip()}\n\n{ANSWER_FORMATS[self.answer_format]}"
+        return example.prompt
 
     def check(self, example: Example, completion: str) -> Score:
         """1.0 when the final answer equals the answer column (see the class docstring)."""
