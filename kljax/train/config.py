@@ -21,7 +21,7 @@ from kljax.train.state import OptimConfig
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.py"
 MODEL_SOURCES = ("tiny", "default", "tabular")  # or a path to a Hugging Face checkpoint directory
-PROMPT_FORMATS = ("chat", "plain", "raw")
+PROMPT_FORMATS = ("auto", "chat", "plain", "raw")  # see kljax.tasks.prompting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +181,9 @@ def validate(config: ml_collections.ConfigDict) -> RunSettings:
 
     check_types(config)
     check_ranges(config)
+    from kljax.train.reward_set import check_reward_config
+
+    check_reward_config(config.get("reward", {}))  # reward.weights/timeout_s/on_error, with or without functions
     kl = KLConfig.from_mapping(dict(config.kl))
     rl = _section(config, "rl", RLConfig)
     optim_values = dict(config.optim)
