@@ -7,6 +7,7 @@ configuration (the "who uses it" labels of `kljax kl-configs`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -17,61 +18,122 @@ from kljax.rl.describe import RunObjective
 from kljax.rl.kl import KLConfig
 
 
-def translate(peer: str, settings: Mapping[str, Any]) -> tuple[RunObjective, tuple[str, ...]]:
-    """The kljax objective equivalent to `peer` run with `settings` (defaults filled in), and notes
-    for what kljax maps only approximately. UserError for bad input or a setting with no kljax
-    equivalent."""
+@dataclasses.dataclass(frozen=True)
+class Translation:
+    """A peer's settings as a kljax objective. exact: the peer's gradient and kljax's agree (to
+    float rounding, or a stated constant) on every input; otherwise `approximations` names each
+    difference and its size measured on the reference input of docs/audit.md. notes: facts that do
+    not change the gradient (or whose default was not confirmed)."""
+
+    run: RunObjective
+    approximations: tuple[str, ...]
+    notes: tuple[str, ...]
+
+    @property
+    def exact(self) -> bool:
+        return not self.approximations
+
+
+class _Notes(list):
+    """The translators' notes; `approx` records a difference from the peer's gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.approximations: list[str] = []
+
+    def approx(self, text: str) -> None:
+        self.approximations.append(text)
+
+
+def translation(peer: str, settings: Mapping[str, Any]) -> Translation:
+    """`peer` run with `settings` (defaults filled in) as a kljax objective (see `Translation`).
+    UserError for bad input or a setting with no kljax counterpart at all."""
     values = settings_with_defaults(peer, settings)
-    notes: list[str] = []
+    notes = _Notes()
     objective = _TRANSLATORS[peer](values, notes)
-    return objective, tuple(notes)
+    return Translation(objective, tuple(notes.approximations), tuple(notes))
+
+
+def translate(peer: str, settings: Mapping[str, Any]) -> tuple[RunObjective, tuple[str, ...]]:
+    """(the kljax objective, every note: the approximations first) of `translation`."""
+    t = translation(peer, settings)
+    return t.run, t.approximations + t.notes
 
 
 def _clip(low: float, high: float | None) -> tuple[float, float | None]:
     return float(low), (None if high is None or high == low else float(high))
 
 
-def _trl_grpo(v: dict[str, Any], notes: list[str]) -> RunObjective:
+TRL_STD_EPS = 1e-4  # TRL's GRPO and RLOO: (r - mean) / (std + 1e-4)
+
+
+def _trl_grpo(v: dict[str, Any], notes: _Notes) -> RunObjective:
+    sequence_is = v["importance_sampling_level"] == "sequence"
     if v["beta"] == 0:
         kl = KLConfig(placement="none", beta=0.0)
     else:
         off = "token_ratio" if v["use_bias_correction_kl"] else "none"
         kl = KLConfig("k3", "loss", off_policy=off, beta=float(v["beta"]))
-        if off == "token_ratio" and v["importance_sampling_level"] == "sequence":
-            notes.append("importance_sampling_level='sequence' weights the KL by the sequence's mean log-ratio; "
-                         "kljax's token_ratio weights each token by its own ratio")
     loss = v["loss_type"]
     aggregation = {"grpo": "seq-mean-token-mean", "sapo": "seq-mean-token-mean", "dr_grpo": "seq-mean-token-sum-norm",
                    "luspo": "seq-mean-token-sum"}.get(loss, "token-mean")
     if loss == "bnpo":
-        notes.append("loss_type='bnpo' normalizes by the local batch's tokens; mapped to token-mean")
-    if loss in ("cispo", "sapo", "luspo", "vespo"):
-        notes.append(f"loss_type={loss!r} changes the policy surrogate, which kljax does not have; only its "
-                     f"aggregation ({aggregation}) and the KL term are mapped (kljax uses PPO clipping)")
-    if v["importance_sampling_level"] == "sequence":
-        notes.append("importance_sampling_level='sequence' (GSPO ratio) is mapped to kljax's per-token ratios")
+        notes.append("loss_type='bnpo' divides by the tokens of each process's batch: token-mean on one process "
+                     "(several processes weigh each process's tokens alike, which kljax's global mean does not)")
+    stale = v["num_iterations"] > 1
+    if loss == "cispo":
+        notes.approx("loss_type='cispo' weighs each token's score by its ratio clamped at epsilon_high (detached), "
+                     "not PPO's clipped ratio: the gradient differs even on-policy (docs/audit.md: cosine 0.985-1.000 "
+                     "on-policy, 0.80-0.84 stale on the reference input)")
+    elif loss in ("sapo", "vespo"):
+        text = (f"loss_type={loss!r} replaces PPO's clipped ratio by its own surrogate, whose gradient at ratio 1 is "
+                "PPO's: the same on-policy")
+        if stale:
+            notes.approx(text + f"; num_iterations > 1 makes later updates stale, where they differ (docs/audit.md: "
+                         f"cosine {'0.44-0.62' if loss == 'sapo' else '0.80-0.86'} on the stale reference input)")
+        else:
+            notes.append(text + " (num_iterations=1: every update is)")
+    if sequence_is:
+        text = ("importance_sampling_level='sequence' (GSPO) gives every token the sequence's mean log-ratio; "
+                "kljax's ratios are per token: the same policy-gradient term on-policy")
+        weighted_kl = v["beta"] != 0 and v["use_bias_correction_kl"]
+        if weighted_kl:
+            text += ("; use_bias_correction_kl weighs the KL by that sequence ratio, whose gradient spreads over the "
+                     "sequence's tokens (docs/audit.md: relative difference 1e-3-6e-3 on-policy)")
+        if stale:
+            notes.approx(text + "; the stale updates of num_iterations > 1 differ (docs/audit.md: cosine 0.84-0.92 "
+                         "on the stale reference input)")
+        elif weighted_kl:
+            notes.approx(text)
+        else:
+            notes.append(text + " (num_iterations=1: every update is)")
     scale = {True: "group", False: "none"}.get(v["scale_rewards"], v["scale_rewards"])
     advantage = "dr_grpo" if scale == "none" else "grpo"
     if scale == "batch":
-        notes.append("scale_rewards='batch' divides by the batch's reward std; kljax's grpo uses the group's std "
-                     "(sample-dependent either way: biased)")
+        notes.approx("scale_rewards='batch' divides by the whole batch's reward std; kljax's grpo divides by the "
+                     "group's (docs/audit.md: cosine 0.65-0.88 on-policy on the reference input)")
     low, high = _clip(v["epsilon"], v["epsilon_high"])
     return RunObjective(kl, aggregation, advantage, v["num_generations"], low, high, v["num_iterations"],
-                        max_new_tokens=v["max_completion_length"])
+                        max_new_tokens=v["max_completion_length"], std_eps=TRL_STD_EPS)
 
 
-def _trl_rloo(v: dict[str, Any], notes: list[str]) -> RunObjective:
+def _trl_rloo(v: dict[str, Any], notes: _Notes) -> RunObjective:
     kl = KLConfig(placement="none", beta=0.0) if v["beta"] == 0 else KLConfig("k1", "reward", beta=float(v["beta"]))
     advantage = "rloo"
     if v["normalize_advantages"]:
         advantage = "grpo"
-        notes.append("normalize_advantages=True whitens the RLOO advantages over the batch; kljax's nearest is "
+        notes.approx("normalize_advantages=True whitens the RLOO advantages over the whole batch; kljax's nearest is "
                      "grpo's group std (sample-dependent either way: biased)")
-    notes.append("TRL RLOO clips one sequence-level ratio exp(sum_t log-ratio) and averages over sequences: "
-                 "on-policy its gradient is seq-mean-token-sum's; kljax clips per token, which differs once stale")
+    if v["num_iterations"] > 1:
+        notes.approx("TRL RLOO clips one sequence-level ratio exp(sum_t log-ratio) and averages over sequences; "
+                     "kljax clips per token: the same gradient on the first update (on-policy), different on the "
+                     "stale ones (num_iterations > 1; docs/audit.md)")
+    else:
+        notes.append("TRL RLOO clips one sequence-level ratio; with num_iterations=1 every update is on-policy, "
+                     "where that is seq-mean-token-sum's gradient")
     low, high = _clip(v["epsilon"], v["epsilon_high"])
     return RunObjective(kl, "seq-mean-token-sum", advantage, v["num_generations"], low, high, v["num_iterations"],
-                        max_new_tokens=v["max_completion_length"])
+                        max_new_tokens=v["max_completion_length"], std_eps=TRL_STD_EPS)
 
 
 def _verl_estimator(name: str, key: str, placement: str, notes: list[str]) -> str:
@@ -91,7 +153,7 @@ def _verl_estimator(name: str, key: str, placement: str, notes: list[str]) -> st
     return est
 
 
-def _verl(v: dict[str, Any], notes: list[str]) -> RunObjective:
+def _verl(v: dict[str, Any], notes: _Notes) -> RunObjective:
     in_reward, in_loss = v["algorithm.use_kl_in_reward"], v[_A + "use_kl_loss"]
     adv_name = v["algorithm.adv_estimator"].replace("_vectorized", "")
     reward_est = (_verl_estimator(v["algorithm.kl_penalty"], "algorithm.kl_penalty", "reward", notes)
@@ -150,7 +212,7 @@ def _verl(v: dict[str, Any], notes: list[str]) -> RunObjective:
     return RunObjective(kl, agg, advantage, group, low, high, updates, max_new_tokens=v["data.max_response_length"])
 
 
-def _openrlhf(v: dict[str, Any], notes: list[str]) -> RunObjective:
+def _openrlhf(v: dict[str, Any], notes: _Notes) -> RunObjective:
     beta, est, adv_name = float(v["init_kl_coef"]), v["kl_estimator"], v["advantage_estimator"]
     target = None if v["kl_target"] is None else float(v["kl_target"])
     if beta == 0:
@@ -202,7 +264,7 @@ def _openrlhf(v: dict[str, Any], notes: list[str]) -> RunObjective:
 _TUNIX_EST = {"kl": "k1", "mse_kl": "k2", "low_var_kl": "k3"}
 
 
-def _tunix_grpo(v: dict[str, Any], notes: list[str]) -> RunObjective:
+def _tunix_grpo(v: dict[str, Any], notes: _Notes) -> RunObjective:
     beta = float(v["beta"])
     kl = (KLConfig(placement="none", beta=0.0) if beta == 0
           else KLConfig(_TUNIX_EST[v["kl_loss_mode"]], "loss", beta=beta))
@@ -216,7 +278,7 @@ def _tunix_grpo(v: dict[str, Any], notes: list[str]) -> RunObjective:
                         max_new_tokens=v["max_tokens_to_generate"])
 
 
-def _tunix_ppo(v: dict[str, Any], notes: list[str]) -> RunObjective:
+def _tunix_ppo(v: dict[str, Any], notes: _Notes) -> RunObjective:
     beta = float(v["beta"])
     kl = (KLConfig(placement="none", beta=0.0) if beta == 0
           else KLConfig(_TUNIX_EST[v["kl_method"]], "reward", "reward_to_go", beta=beta))
@@ -228,7 +290,7 @@ def _tunix_ppo(v: dict[str, Any], notes: list[str]) -> RunObjective:
     return RunObjective(kl, "token-mean", "rloo", 2, low, high, v["num_ppo_epochs"])
 
 
-_TRANSLATORS: dict[str, Callable[[dict[str, Any], list[str]], RunObjective]] = {
+_TRANSLATORS: dict[str, Callable[[dict[str, Any], _Notes], RunObjective]] = {
     "trl-grpo": _trl_grpo, "trl-rloo": _trl_rloo, "verl": _verl, "openrlhf": _openrlhf,
     "tunix-grpo": _tunix_grpo, "tunix-ppo": _tunix_ppo,
 }
