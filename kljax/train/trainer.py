@@ -52,6 +52,7 @@ from kljax.train.metrics import MetricsWriter, to_python
 from kljax.train.owned_paths import claim_run_dir
 from kljax.train.policy import Policy, load_policy
 from kljax.train.resume_check import check_resume_workdir
+from kljax.train.reward_set import trainer_state
 from kljax.train.rollout import RolloutInfo, policy_scored_in_update, rollout, sampler_is_policy
 from kljax.train.step import Batch, StepSettings, batch_kl_metrics, batch_shardings, score, train_step
 from kljax.train.tracking import check_report_to
@@ -136,21 +137,26 @@ def under_mesh(fn: Any, mesh: Any) -> Any:
     return call
 
 
-def build(settings: RunSettings) -> tuple[Run, st.TrainState, Any]:
-    """Mesh, model, task and jitted functions; the initial state and the frozen reference params."""
-    from kljax.tasks.from_config import check_prompts, task_from_config
-    from kljax.tasks.reward_functions import parse_specs
+def build(settings: RunSettings, reward_funcs: Sequence[Any] | None = None) -> tuple[Run, st.TrainState, Any]:
+    """Mesh, model, task and jitted functions; the initial state and the frozen reference params.
+    `reward_funcs` (callables or specs, `kljax.RLTrainer`) replace config.reward.functions."""
+    from kljax.tasks.from_config import check_prompts, eval_split_names, task_from_config
     from kljax.train.reward_model_run import reward_from_config
+    from kljax.train.reward_set import RewardSet
 
     enable_compilation_cache()
     mesh_shape = distributed.check_mesh(settings.mesh, jax.device_count(), settings.rl)
     mesh = shd.make_mesh(*mesh_shape)
     task = task_from_config(settings.raw)  # a registered task, or the user's files (kljax.tasks.files)
     task.validate_split(settings.raw.task.split)
-    for split in str(settings.raw.task.eval_splits).split(","):
-        if split.strip():
-            task.validate_split(split.strip())
-    parse_specs(str(settings.raw.get("reward", {}).get("functions", "") or ""))  # fails before the model loads
+    with settings.raw.unlocked():  # "" = the data's own evaluation split(s): recorded as resolved
+        settings.raw.task.eval_splits = ",".join(eval_split_names(settings.raw, task))
+    held_out = getattr(task, "held_out", None)
+    if held_out and distributed.is_main_process():
+        print(f"kljax train: task.eval_fraction={settings.raw.task.eval_fraction:g} holds out {held_out[0]} of "
+              f"{held_out[1]} rows of {settings.raw.task.path} as split 'test' for evaluation (0 trains on all)",
+              flush=True)
+    functions = RewardSet.from_config(settings.raw, task, reward_funcs)  # signatures bound before the model loads
     rl = settings.rl
     task.check_run_settings(rl.max_prompt_len, rl.max_new_tokens, str(settings.raw.task.prompt_format))
     policy = load_policy(settings.raw.model, mesh, seed=settings.seed, task=task)
@@ -159,11 +165,12 @@ def build(settings: RunSettings) -> tuple[Run, st.TrainState, Any]:
     num_shards = mesh.shape["data"] * mesh.shape["fsdp"]
     max_positions = policy.model.max_position_embeddings if transformer else rl.max_prompt_len + rl.max_new_tokens
     check_against_model(settings, max_positions, num_shards)
-    dropped = check_prompts(task, settings.raw, policy.tokenizer)  # every file row, before anything compiles
+    dropped = check_prompts(task, settings.raw, policy.tokenizer,  # every file row, before anything compiles
+                            context=max_positions)
     if any(dropped.values()) and distributed.is_main_process():
         print(f"kljax train: dropped prompts longer than rl.max_prompt_len={settings.rl.max_prompt_len}: "
               + ", ".join(f"{n} of split {s!r}" for s, n in dropped.items() if n), flush=True)
-    reward = reward_from_config(settings.raw, task, mesh, policy)
+    reward = reward_from_config(settings.raw, task, mesh, policy, functions)
     tx = st.make_optimizer(settings.optim)
     # Two copies of the weights, not three: the state gets its own copy (donated to and updated by
     # every train step), the frozen reference is the loaded one (never donated nor updated; the async
@@ -241,6 +248,9 @@ def iteration(run: Run, state: st.TrainState, ref_params: Any, step: int, *, bet
     if rl.async_level and not snapshots:
         raise ValueError(f"rl.async_level={rl.async_level} needs the queue of earlier parameters (snapshots)")
     sampler_params = snapshots[0] if rl.async_level else state.params
+    if run.reward is not None:  # TRL's `trainer_state` argument of the reward functions
+        run.reward.state = trainer_state(run.task, settings.raw.task.split, step,
+                                         step * rl.prompts_per_step + run.data_offset, settings.steps)
     batch, info = rollout(
         examples, run.task, run.policy.tokenizer, sampler_params=sampler_params, params=state.params,
         ref_params=ref_params, model_config=run.policy.model, rl=rl, kl=kl, beta=beta,
@@ -276,7 +286,8 @@ def iteration(run: Run, state: st.TrainState, ref_params: Any, step: int, *, bet
 
 
 def _train(config: ml_collections.ConfigDict, workdir: str | Path, resume: str | None = None,
-           progress: bool = True, stop_after: int | None = None) -> dict[str, Any]:
+           progress: bool = True, stop_after: int | None = None, reward_funcs: Sequence[Any] | None = None
+           ) -> dict[str, Any]:
     """`train` once WORKDIR is locked; `resume` is a mode of RESUME_MODES or None.
 
     `stop_after` ends this invocation after that many steps (checkpointing first), e.g. to fit a
@@ -303,7 +314,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str | Path, resume: str |
                         "new run when there is none")
     if resume and latest is not None:  # every process checks (all must refuse), process 0 records
         check_resume_workdir(workdir, settings.raw.to_dict(), record=main)  # before anything compiles
-    run, state, ref_params = build(settings)
+    run, state, ref_params = build(settings, reward_funcs)
     rl, kl = settings.rl, settings.kl
     snapshots: collections.deque = collections.deque(
         [ref_params] * rl.async_level, maxlen=max(rl.async_level, 1)
@@ -383,14 +394,14 @@ def _train(config: ml_collections.ConfigDict, workdir: str | Path, resume: str |
     if nonfinite_run and nonfinite_run == done - start:  # not one good step: the run learned nothing
         raise NonFiniteError(_nonfinite_message(nonfinite_run, done, row, ckpt.latest_step(), workdir))
     if done < settings.steps:
-        return {"before": {}, "after": {}, "params": state.params, "stopped_at": done}
+        return {"before": {}, "after": {}, "params": state.params, "stopped_at": done, "policy": run.policy}
     interrupts.check()
     after = evaluate_splits(run, state.params)
     if main:
         run_logs.write_json(workdir / "eval_after.json", after)
     before_path = workdir / "eval_before.json"
     before = json.loads(before_path.read_text()) if before_path.exists() else {}
-    summary = {"before": before, "after": after, "params": state.params}
+    summary = {"before": before, "after": after, "params": state.params, "policy": run.policy}
     exact_path = workdir / "exact_before.json"
     if run.exact is not None and exact_path.exists():
         after_gap = run.exact(state.params, beta)["exact/gap"]
@@ -402,7 +413,8 @@ RESUME_MODES = ("latest", "auto", "strict")
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | Path, resume: bool | str = False,
-          progress: bool = True, stop_after: int | None = None) -> dict[str, Any]:
+          progress: bool = True, stop_after: int | None = None, reward_funcs: Sequence[Any] | None = None
+          ) -> dict[str, Any]:
     """Run (or resume) the configured RL run; returns a summary with before/after evaluations.
 
     resume: False starts a new run (a workdir holding a checkpoint is an error); True or "latest"
@@ -422,7 +434,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, resume: bool |
     lock = WorkdirLock(workdir).acquire() if distributed.is_main_process() else None
     try:
         with interrupts.sticky_sigint():  # Ctrl-C always stops the run
-            return _train(config, workdir, mode, progress=progress, stop_after=stop_after)
+            return _train(config, workdir, mode, progress=progress, stop_after=stop_after, reward_funcs=reward_funcs)
     except KeyboardInterrupt:
         raise KeyboardInterrupt(interrupts.stopped_message(workdir)) from None
     finally:
