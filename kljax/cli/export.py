@@ -27,6 +27,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step", type=int, default=None, help="the checkpoint step (default: the latest)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                         help="dtype of the written tensors (default: the run's param dtype)")
+    parser.add_argument("--format", dest="fmt", choices=["merged", "peft"], default="merged",
+                        help="merged: a full HF checkpoint (a LoRA run's adapters merged into the base); "
+                             "peft: a LoRA run's adapters as a PEFT adapter directory for its base")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace a non-empty --out that an earlier `kljax export` wrote")
 
@@ -76,15 +79,38 @@ def _check_out(workdir: str | Path, out: Path, overwrite: bool) -> Path:
     return real
 
 
+def _export(params: Any, model: Any, out: Path, fmt: str, hf_config: Any, dtype: str | None, tokenizer_dir: Any,
+            base_path: str) -> Path:
+    """An HF checkpoint of the policy (a LoRA run's adapters merged into the base: `lora.merge`), or with
+    fmt 'peft' a LoRA run's PEFT adapter directory for its base (`kljax.models.peft_export`)."""
+    import dataclasses
+
+    from kljax.errors import UserError
+    from kljax.models.convert import export_hf
+
+    if fmt == "peft":
+        if model.lora is None:
+            raise UserError("--format peft: this run has no LoRA adapters (model.lora.rank is 0); "
+                            "--format merged writes the full model")
+        from kljax.models.peft_export import write_peft_adapter
+
+        return write_peft_adapter(params, model, out, None if base_path == "tiny" else base_path)
+    if model.lora is not None:
+        from kljax.models.lora import merge
+
+        params, model = merge(params, model), dataclasses.replace(model, lora=None)
+    return export_hf(params, model, out, hf_config=hf_config, dtype=dtype, tokenizer_dir=tokenizer_dir)
+
+
 def export_run(workdir: str | Path, out: str | Path, step: int | None = None, dtype: str | None = None,
-               overwrite: bool = False, overrides: list[str] | None = None) -> tuple[Path, int]:
+               overwrite: bool = False, overrides: list[str] | None = None, fmt: str = "merged") -> tuple[Path, int]:
     """Write checkpoint `step` (default: the latest) of `workdir` to `out` as an HF checkpoint; (out, step).
 
     Written into a new directory next to `out` and renamed into place, so an existing export is
     replaced only once the new one is complete, and only when `_check_out` allows it."""
     import jax
 
-    from kljax.models.convert import export_hf, read_hf_config
+    from kljax.models.convert import read_hf_config
     from kljax.studies import evaluate as ev
     from kljax.train.owned_paths import mark, remove_marked
 
@@ -103,8 +129,7 @@ def export_run(workdir: str | Path, out: str | Path, step: int | None = None, dt
 
                     source = str(default_model_dir())
                 hf_config, tokenizer_dir = read_hf_config(source), source
-            written = export_hf(params, policy.model, staging / "hf", hf_config=hf_config, dtype=dtype,
-                                tokenizer_dir=tokenizer_dir)
+            written = _export(params, policy.model, staging / "hf", fmt, hf_config, dtype, tokenizer_dir, source)
         if jax.process_index() == 0:
             (written / EXPORT_RECORD).write_text(json.dumps({"workdir": str(workdir), "step": step}, indent=2) + "\n")
             mark(written, "kljax export")
@@ -122,6 +147,6 @@ def export_run(workdir: str | Path, out: str | Path, step: int | None = None, dt
 
 def run(args: argparse.Namespace) -> int:
     out, step = export_run(args.workdir, args.out, args.step, args.dtype, args.overwrite,
-                           list(getattr(args, "overrides", [])))
+                           list(getattr(args, "overrides", [])), fmt=args.fmt)
     print(f"exported step {step} of {args.workdir} to {out}")
     return 0

@@ -215,18 +215,30 @@ def restore_params(workdir: str | Path, step: int | None = None, mesh: Any = Non
         if step not in ckpt.all_steps():
             raise ValueError(f"no checkpoint at step {step} in {workdir}; available: {ckpt.all_steps()}")
         tx = st.make_optimizer(settings.optim)
+        lora_model = getattr(policy.model, "lora", None) is not None  # the state holds adapters over the base
+        if lora_model:
+            from kljax.models import lora
+
+            trained, trained_sh = lora.adapter_shapes(policy.model), st.adapter_shardings(policy.model, mesh)
+        else:
+            trained, trained_sh = jax.eval_shape(lambda p: p, policy.params), policy.param_shardings
         abstract_state = jax.eval_shape(
             lambda p: st.TrainState(p, tx.init(p), jnp.zeros((), jnp.int32),
-                                    jax.random.key_data(jax.random.PRNGKey(0))), policy.params)
-        state_sh = st.state_shardings(abstract_state, policy.param_shardings, mesh, tx)
+                                    jax.random.key_data(jax.random.PRNGKey(0))), trained)
+        state_sh = st.state_shardings(abstract_state, trained_sh, mesh, tx)
         n_snap = settings.rl.async_level
-        abstract_params = jax.eval_shape(lambda p: p, policy.params)
-        like = {"train": abstract_state, "snapshots": [abstract_params] * n_snap}
-        shardings = {"train": state_sh, "snapshots": [policy.param_shardings] * n_snap}
-        restored, _ = ckpt.restore(step, like, shardings)
+        like = {"train": abstract_state, "snapshots": [trained] * n_snap}
+        shardings = {"train": state_sh, "snapshots": [trained_sh] * n_snap}
+        restored, meta = ckpt.restore(step, like, shardings)
     finally:
         ckpt.close()
     params = restored["train"].params
+    if lora_model:  # adapters only apply to the base they were trained on
+        from kljax.models.base_identity import base_identity, check_same_base
+
+        check_same_base(meta.get("lora_base"), base_identity(str(config.model.source), policy.params),
+                        f"checkpoint at step {step} in {workdir}")
+        params = lora.combine(policy.params, params)
     return params, dataclasses.replace(policy, params=params), config, int(step)
 
 

@@ -197,6 +197,10 @@ def validate(config: ml_collections.ConfigDict) -> RunSettings:
         raise ValueError(
             f"config.model.source={source!r} is neither one of {list(MODEL_SOURCES)} nor a checkpoint directory"
         )
+    from kljax.models.lora import from_section as lora_from_section
+
+    if lora_from_section(config.model) is not None and source == "tabular":
+        raise ValueError("config.model.lora.rank > 0 needs a transformer: model.source='tabular' has no projections")
     if config.task.prompt_format not in PROMPT_FORMATS:
         raise ValueError(
             f"config.task.prompt_format={config.task.prompt_format!r} is not valid; "

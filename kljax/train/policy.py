@@ -20,6 +20,7 @@ import ml_collections
 from kljax.errors import UserError
 from kljax.models import transformer as tfm
 from kljax.models.config import ModelConfig
+from kljax.models.lora import from_section as lora_from_section
 from kljax.models.tokenizers import CharTokenizer
 from kljax.parallel import sharding as shd
 
@@ -36,7 +37,7 @@ class Policy:
 
 def _runtime(section: ml_collections.ConfigDict) -> dict[str, Any]:
     return dict(dtype=section.dtype, param_dtype=section.param_dtype, scan_layers=bool(section.scan_layers),
-                remat=section.remat, kernels=section.get("kernels", "auto"))
+                remat=section.remat, kernels=section.get("kernels", "auto"), lora=lora_from_section(section))
 
 
 def tiny_model_config(section: ml_collections.ConfigDict, vocab_size: int,

@@ -101,6 +101,12 @@ class StepSettings:
         return obj.Objective(self.kl, self.loss_aggregation, self.clip_low, self.clip_high, self.clip_ratio_c)
 
 
+def trains_adapters(model: Any) -> bool:
+    """Whether the train state's params are LoRA adapters over a frozen base (a `ModelConfig` with
+    model.lora), so that the step combines them with the base it gets as ref_params."""
+    return getattr(model, "lora", None) is not None
+
+
 def score(
     params: Any, ref_params: Any, batch: Batch, model: Any, chunk: int = 256, micro_batches: int = 1,
     full_kl: bool = False, policy: bool = True, temperature: float = 1.0,
@@ -152,8 +158,14 @@ def _constrain(batch: Batch) -> Batch:
 
 def _loss_fn(params: Any, mb: Batch, denominator: Array, s: StepSettings, ref_params: Any = None,
              layers_grad_acc: Any = None):
-    """The objective's weighted sums of one micro-batch over the whole batch's denominator."""
+    """The objective's weighted sums of one micro-batch over the whole batch's denominator.
+    With LoRA (`trains_adapters`) `params` are the adapters and `ref_params` the frozen base: the
+    policy is their combination, the reference the base alone."""
     mb = _constrain(mb)
+    if trains_adapters(s.model):
+        from kljax.models import lora
+
+        params = lora.combine(jax.lax.stop_gradient(ref_params), params)
     r = mb.response_mask_br.shape[1]
     full = s.kl.estimator == "full" and s.kl.placement != "none"
     if full and ref_params is None:
@@ -248,7 +260,11 @@ def train_step(
     # (`layer_stack.accumulate_layers`, which recomputes each layer as remat='full' does): one
     # gradient tree for the stacked layers instead of the accumulator plus each micro-batch's.
     remat = getattr(settings.policy, "remat", "none")
-    accumulate_in_backward = m > 1 and remat == "full" and LAYERS in state.params
+    # (Not with LoRA: the forward's layers are the base's and the adapters', the gradient only the adapters'.)
+    adapters = trains_adapters(settings.model)
+    accumulate_in_backward = m > 1 and remat == "full" and LAYERS in state.params and not adapters
+    if adapters and ref_params is None:
+        raise ValueError("train_step with model.lora: pass the frozen base as ref_params (state.params: adapters)")
 
     def accumulate(carry, mb):
         grads, loss, aux = carry

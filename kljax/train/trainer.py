@@ -96,6 +96,16 @@ class Run:
     reward: Any = None  # a `reward_set.RewardSet` (config.reward), or None for the task's own reward
     exact: Any = None  # (params, beta) -> exact metrics, for a task with a known optimum (`Task.exact_optimum`)
     data_offset: int = 0  # file tasks: the epoch stream's position is step * prompts_per_step + this
+    base: Any = None  # model.lora: the frozen base (also the reference); the state trains adapters over it
+    base_identity: Any = None  # model.lora: the base's {"source", "path", "sha256"} (`models.base_identity`)
+
+    def policy_params(self, trained: Any) -> Any:
+        """The policy's full params from what the state trains (with LoRA: base + adapters, no copy)."""
+        if self.base is None:
+            return trained
+        from kljax.models.lora import combine
+
+        return combine(self.base, trained)
 
 
 def _nonfinite_message(n: int, step: int, row: dict[str, float], last: int | None, workdir: Path) -> str:
@@ -176,10 +186,14 @@ def build(settings: RunSettings, reward_funcs: Sequence[Any] | None = None) -> t
     # every train step), the frozen reference is the loaded one (never donated nor updated; the async
     # snapshots start as the same buffers), or with a 16-bit compute dtype over float32 params its
     # exact half-size copy in the compute dtype (`transformer.frozen_copy`), and the policy keeps none.
-    state, state_sh = st.state_from_params(policy.params, tx, policy.param_shardings, mesh, settings.seed)
-    ref_params = policy.params
+    lora_base = None
+    if transformer and policy.model.lora is not None:  # one copy: the frozen base is policy and reference
+        state, state_sh, ref_params, lora_base = _lora_state(policy, tx, mesh, settings)
+    else:
+        state, state_sh = st.state_from_params(policy.params, tx, policy.param_shardings, mesh, settings.seed)
+        ref_params = policy.params
     if transformer and policy.model.jnp_frozen_dtype != policy.model.jnp_param_dtype:
-        ref_params = frozen_copy(policy.params, policy.model)
+        ref_params = frozen_copy(ref_params, policy.model)
     exact = task.exact_optimum(policy.model, ref_params)  # None but for a task with a known optimum
     policy = dataclasses.replace(policy, params=None)
     in_update = policy_scored_in_update(rl, settings.kl, policy.model)  # then the step reports the KL metrics
@@ -198,8 +212,23 @@ def build(settings: RunSettings, reward_funcs: Sequence[Any] | None = None) -> t
     def place(batch):
         return jax.device_put(batch, batch_shardings(batch, mesh))
 
-    run = Run(settings, policy, task, mesh, tx, state_sh, step_fn, score_fn, place, reward, exact)
+    run = Run(settings, policy, task, mesh, tx, state_sh, step_fn, score_fn, place, reward, exact,
+              base=ref_params if lora_base is not None else None, base_identity=lora_base)
     return run, state, ref_params
+
+
+def _lora_state(policy: Policy, tx: Any, mesh: Any, settings: RunSettings) -> tuple[Any, Any, Any, dict]:
+    """(state over fresh LoRA adapters, its shardings, the base params, the base's identity): the state
+    holds only the adapters and their optimizer moments; the loaded weights are the frozen base."""
+    from kljax.models import lora
+    from kljax.models.base_identity import base_identity
+
+    model = policy.model
+    identity = base_identity(str(settings.raw.model.source), policy.params)
+    key = jax.random.fold_in(jax.random.PRNGKey(settings.seed), 1)
+    state, state_sh = st.create_state(lambda: lora.init_adapters(model, key), tx, st.adapter_shardings(model, mesh),
+                                      mesh, settings.seed)
+    return state, state_sh, policy.params, identity
 
 
 def _checkpoint_tree(state: st.TrainState, snapshots: collections.deque) -> dict[str, Any]:
@@ -247,12 +276,13 @@ def iteration(run: Run, state: st.TrainState, ref_params: Any, step: int, *, bet
     key = jax.random.fold_in(jax.random.PRNGKey(settings.seed), step)
     if rl.async_level and not snapshots:
         raise ValueError(f"rl.async_level={rl.async_level} needs the queue of earlier parameters (snapshots)")
-    sampler_params = snapshots[0] if rl.async_level else state.params
+    sampler_params = run.policy_params(snapshots[0] if rl.async_level else state.params)
     if run.reward is not None:  # TRL's `trainer_state` argument of the reward functions
         run.reward.state = trainer_state(run.task, settings.raw.task.split, step,
                                          step * rl.prompts_per_step + run.data_offset, settings.steps)
     batch, info = rollout(
-        examples, run.task, run.policy.tokenizer, sampler_params=sampler_params, params=state.params,
+        examples, run.task, run.policy.tokenizer, sampler_params=sampler_params,
+        params=run.policy_params(state.params),
         ref_params=ref_params, model_config=run.policy.model, rl=rl, kl=kl, beta=beta,
         prompt_format=settings.raw.task.prompt_format, key=key, score_fn=run.score_fn,
         stop_token_ids=run.policy.stop_token_ids, pad_id=run.policy.pad_id, place=run.place, mesh=run.mesh,
@@ -279,7 +309,7 @@ def iteration(run: Run, state: st.TrainState, ref_params: Any, step: int, *, bet
     )
     row["host_memory_mb"] = host_memory_mb()
     if run.exact is not None:  # exact/gap, exact/J, ... at the updated params, this step's beta
-        row.update(run.exact(state.params, beta))
+        row.update(run.exact(run.policy_params(state.params), beta))
     row.update(info.reward_metrics)  # reward/NAME means and error counts (config.reward)
     next_beta = float(adapt_beta(beta, row["kl_seq"], kl)) if math.isfinite(row["kl_seq"]) else beta
     return Iteration(state, queue, next_beta, row, batch, info)
@@ -317,20 +347,26 @@ def _train(config: ml_collections.ConfigDict, workdir: str | Path, resume: str |
     run, state, ref_params = build(settings, reward_funcs)
     rl, kl = settings.rl, settings.kl
     snapshots: collections.deque = collections.deque(
-        [ref_params] * rl.async_level, maxlen=max(rl.async_level, 1)
+        [ref_params if run.base is None else frozen_copy(state.params, run.policy.model)] * rl.async_level,
+        maxlen=max(rl.async_level, 1)
     )
     beta = float(kl.beta)
     start = 0
     writer = MetricsWriter(workdir, config=settings.raw, resume=bool(resume and latest is not None))  # + trackers
     if resume and latest is not None:
         like = _checkpoint_tree(state, snapshots)
-        snapshot_shardings = collections.deque([run.policy.param_shardings] * len(snapshots))
+        snapshot_shardings = collections.deque([run.state_shardings.params] * len(snapshots))
         shardings = _checkpoint_tree(run.state_shardings, snapshot_shardings)
         latest, restored, meta, damaged = ckpt.restore_intact(like, shardings, strict=resume == "strict")
         for bad, why in damaged if main else ():
             print(f"kljax train: checkpoint at step {bad} is damaged ({why}); set aside in "
                   f"{ckpt.directory}.damaged, resuming from step {latest}", file=sys.stderr, flush=True)
         state = restored["train"]
+        if run.base_identity is not None:  # adapters apply only to the base they were trained on
+            from kljax.models.base_identity import check_same_base
+
+            where = f"checkpoint at step {latest} in {ckpt.directory}"
+            check_same_base(meta.get("lora_base"), run.base_identity, where)
         snapshots = collections.deque(restored["snapshots"], maxlen=max(rl.async_level, 1))
         beta, start = float(meta["beta"]), int(meta["step"])
         run.data_offset = int(meta.get("data_position", start * rl.prompts_per_step)) - start * rl.prompts_per_step
@@ -344,7 +380,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str | Path, resume: str |
         if main:
             (workdir / "config.json").write_text(json.dumps(settings.raw.to_dict(), indent=2, default=str))
             (workdir / "samples.jsonl").unlink(missing_ok=True)
-        before = evaluate_splits(run, state.params)
+        before = evaluate_splits(run, run.policy_params(state.params))
         if main:
             run_logs.write_json(workdir / "eval_before.json", before)
             if run.exact is not None:
@@ -366,7 +402,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str | Path, resume: str |
         del it  # the batch and rollout info are not needed past the iteration
         eval_every = int(settings.raw.get("eval_every", 0) or 0)
         if eval_every and (step + 1) % eval_every == 0 and step + 1 < settings.steps:
-            results = evaluate_splits(run, state.params)
+            results = evaluate_splits(run, run.policy_params(state.params))
             row.update(run_logs.eval_metrics(results))
             if main:
                 run_logs.write_json(workdir / f"eval_step_{step + 1}.json", results)
@@ -382,8 +418,10 @@ def _train(config: ml_collections.ConfigDict, workdir: str | Path, resume: str |
         done = step + 1
         stopping = stop_after is not None and done - start >= stop_after
         if done % settings.checkpoint_every == 0 or done == settings.steps or stopping:
-            ckpt.save(done, _checkpoint_tree(state, snapshots),
-                      {"step": done, "beta": beta, "data_position": done * rl.prompts_per_step + run.data_offset})
+            meta = {"step": done, "beta": beta, "data_position": done * rl.prompts_per_step + run.data_offset}
+            if run.base_identity is not None:
+                meta["lora_base"] = run.base_identity
+            ckpt.save(done, _checkpoint_tree(state, snapshots), meta)
         if stopping:
             break
     bar.close()
@@ -394,17 +432,18 @@ def _train(config: ml_collections.ConfigDict, workdir: str | Path, resume: str |
     if nonfinite_run and nonfinite_run == done - start:  # not one good step: the run learned nothing
         raise NonFiniteError(_nonfinite_message(nonfinite_run, done, row, ckpt.latest_step(), workdir))
     if done < settings.steps:
-        return {"before": {}, "after": {}, "params": state.params, "stopped_at": done, "policy": run.policy}
+        return {"before": {}, "after": {}, "params": run.policy_params(state.params), "stopped_at": done,
+                "policy": run.policy}
     interrupts.check()
-    after = evaluate_splits(run, state.params)
+    after = evaluate_splits(run, run.policy_params(state.params))
     if main:
         run_logs.write_json(workdir / "eval_after.json", after)
     before_path = workdir / "eval_before.json"
     before = json.loads(before_path.read_text()) if before_path.exists() else {}
-    summary = {"before": before, "after": after, "params": state.params, "policy": run.policy}
+    summary = {"before": before, "after": after, "params": run.policy_params(state.params), "policy": run.policy}
     exact_path = workdir / "exact_before.json"
     if run.exact is not None and exact_path.exists():
-        after_gap = run.exact(state.params, beta)["exact/gap"]
+        after_gap = run.exact(run.policy_params(state.params), beta)["exact/gap"]
         summary["exact"] = {"before": json.loads(exact_path.read_text())["exact/gap"], "after": after_gap}
     return summary
 
