@@ -219,6 +219,22 @@ def test_a_hanging_function_costs_about_one_time_limit(tmp_path):
         rs.close()
 
 
+def test_with_on_error_skip_hangs_cost_a_bounded_time(tmp_path):
+    (tmp_path / "r.py").write_text("import time\ndef hang(completions, **kw):\n"
+                                   "    if completions[0] == 'x':\n        time.sleep(60)\n"
+                                   "    return [1.0] * len(completions)\n")
+    c = apply_overrides(load_config("configs/tiny.py"), [f"--config.reward.functions={tmp_path / 'r.py'}:hang",
+                                                          "--config.reward.timeout_s=1.0",
+                                                          "--config.reward.on_error=skip"])
+    rs = RewardSet.from_config(c, get_task("repeat_digit"))
+    try:
+        result = rs(examples(16), ["x"] * 15 + ["ok"])
+        assert result.metrics["reward/hang/errors"] >= 15 and result.parts["hang"][:15].tolist() == [0.0] * 15
+        assert rs._pool.restarts <= 2 + 2 * rs._pool.num_workers + 2  # before: one hung worker per example
+    finally:
+        rs.close()
+
+
 def test_pool_workers_never_run_code_from_the_working_directory(tmp_path, monkeypatch):
     marker = tmp_path / "ran"
     (tmp_path / "json.py").write_text(f"open({str(marker)!r}, 'w').write('x')\nfrom _json import *\n")

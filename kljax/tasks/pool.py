@@ -46,6 +46,7 @@ _BOOT = (  # run with -I: the working directory is not on sys.path until the cal
     "from kljax.tasks.pool import _worker_entry; _worker_entry()"
 )
 NOT_RUN = "not run (an earlier item failed)"
+OUT_OF_BUDGET = "timed out: not finished within the call's time budget"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,11 +180,12 @@ class VerifierPool:
 
     def map(
         self, fn: Callable[..., Any], args_list: Sequence[tuple[Any, ...]], timeout_s: float | None = None,
-        stop_on_error: bool = False,
+        stop_on_error: bool = False, budget_s: float | None = None,
     ) -> list[Outcome]:
         """Run `fn(*args)` for every `args` of `args_list` on the workers; one Outcome per item, in order.
         With `stop_on_error`, return once an item fails: busy workers are replaced, unsent items get
-        the error `NOT_RUN`."""
+        the error `NOT_RUN`. With `budget_s`, the whole call ends by then: items still running or
+        unsent get an error saying so."""
         if self.closed:
             raise RuntimeError("this VerifierPool is closed")
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
@@ -191,7 +193,8 @@ class VerifierPool:
             while len(self._workers) < self.num_workers:
                 self._workers.append(self._spawn())
             try:
-                return self._map_locked(fn, args_list, timeout, stop_on_error)
+                end = None if budget_s is None else time.monotonic() + float(budget_s)
+                return self._map_locked(fn, args_list, timeout, stop_on_error, end)
             except BaseException:  # e.g. KeyboardInterrupt: drop busy workers so no stale job outlives this call
                 for worker in list(self._workers):
                     if worker.job is not None or not worker.ready:
@@ -200,16 +203,22 @@ class VerifierPool:
                 raise
 
     def _map_locked(
-        self, fn: Callable[..., Any], args_list: Sequence[tuple[Any, ...]], timeout: float, stop_on_error: bool
+        self, fn: Callable[..., Any], args_list: Sequence[tuple[Any, ...]], timeout: float, stop_on_error: bool,
+        end: float | None = None,
     ) -> list[Outcome]:
         results: list[Outcome | None] = [None] * len(args_list)
         pending = collections.deque(range(len(args_list)))
         while pending or any(w.job is not None for w in self._workers):
-            if stop_on_error and any(r is not None and not r.ok for r in results):
+            stopped = stop_on_error and any(r is not None and not r.ok for r in results)
+            over = end is not None and time.monotonic() > end
+            if stopped or over:
+                why = OUT_OF_BUDGET if over else NOT_RUN
                 for worker in list(self._workers):
-                    if worker.job is not None:  # its item's outcome is not needed: do not wait for it
+                    if worker.job is not None:  # its item's outcome is not needed (or too late): do not wait
+                        if over:
+                            results[worker.job] = Outcome(error=why)
                         self._replace(worker)
-                return [r if r is not None else Outcome(error=NOT_RUN) for r in results]
+                return [r if r is not None else Outcome(error=why) for r in results]
             now = time.monotonic()
             for worker in list(self._workers):
                 if worker.ready and worker.job is None and pending:

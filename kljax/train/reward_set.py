@@ -236,11 +236,12 @@ class RewardSet:
             sig = rf.signature_of(fn)
         return rf.check_signature(name, spec, sig, columns)
 
-    def _pool_map(self, fn: Any, items: list[tuple[Any, ...]], stop_on_error: bool = False) -> list[Outcome]:
+    def _pool_map(self, fn: Any, items: list[tuple[Any, ...]], stop_on_error: bool = False,
+                  budget_s: float | None = None) -> list[Outcome]:
         if self._pool is None or self._pool.closed:  # (re)opened: e.g. the final evaluation after close()
             self._pool = VerifierPool(timeout_s=self.timeout_s, preload=("kljax.train.reward_set",))
             atexit.register(self._pool.close)
-        return self._pool.map(fn, items, timeout_s=self.timeout_s, stop_on_error=stop_on_error)
+        return self._pool.map(fn, items, timeout_s=self.timeout_s, stop_on_error=stop_on_error, budget_s=budget_s)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -303,9 +304,13 @@ class RewardSet:
                                       f"beyond float32's range ({terms}); scale the reward functions or reward.weights")
 
     def _run(self, name: str, fn: Any, calls: list[dict[str, Any]]) -> list[Outcome]:
+        """One Outcome per call; the per-item retries (several calls) stop at the first failure under
+        "raise", and in the pool get 2 x reward.timeout_s in all (a hang costs about that, not one limit
+        per example; items left over fail as timed out)."""
         stop = self.on_error == "raise" and len(calls) > 1
         if self._in_pool(fn):
-            return self._pool_map(rf.call, [(fn, c) for c in calls], stop_on_error=stop)
+            budget = 2 * self.timeout_s if len(calls) > 1 else None
+            return self._pool_map(rf.call, [(fn, c) for c in calls], stop_on_error=stop, budget_s=budget)
         out = []
         for kwargs in calls:
             kwargs = {k: v if k in _HOOKS else copy.deepcopy(v) for k, v in kwargs.items()}  # its own copies
