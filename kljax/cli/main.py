@@ -70,6 +70,14 @@ def main(argv: list[str] | None = None) -> int:
         from kljax.kernels.cpu.hostmem import reexec_with_malloc_tunables
 
         reexec_with_malloc_tunables(sys.argv[1:])
+        from kljax.train.interrupts import sticky_sigint
+
+        try:
+            with sticky_sigint():  # a Ctrl-C during start-up (imports: JAX's gc callback) is not lost either
+                return main(sys.argv[1:])
+        except KeyboardInterrupt:
+            print("kljax: error: interrupted (Ctrl-C)", file=sys.stderr)
+            return 130
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if args.command is None:
@@ -95,12 +103,15 @@ def run_command(module: object, args: argparse.Namespace) -> int:
     `kljax COMMAND: error: MESSAGE` to stderr and returns 2 (Ctrl-C: one line, 130), or is re-raised
     with `--debug`."""
     from kljax.errors import USER_ERRORS, one_line
-    from kljax.train.interrupts import sticky_sigint
+    from kljax.train.interrupts import check, reported, sticky_sigint
 
     try:
         with sticky_sigint():  # a Ctrl-C is never lost (see kljax.train.interrupts)
-            return int(module.run(args) or 0)
+            code = int(module.run(args) or 0)
+            check()  # one whose KeyboardInterrupt was lost is no success
+            return code
     except KeyboardInterrupt as e:
+        reported()
         if getattr(args, "debug", False):
             raise
         print(f"kljax {args.command}: error: {one_line(e) if str(e) else 'interrupted (Ctrl-C)'}", file=sys.stderr)

@@ -4,13 +4,17 @@ Python's own SIGINT handler raises KeyboardInterrupt wherever the main thread ha
 that is inside a garbage-collector callback (JAX registers one, `_xla_gc_callback`) or a `__del__`,
 Python prints "Exception ignored in ..." and goes on: a Ctrl-C during a run's start-up was lost
 that way (3 runs in 8 here finished with exit status 0). Under `sticky_sigint()` the handler also
-counts the signal, and `check()` at the trainer's safe points (after start-up, every step) raises
-KeyboardInterrupt again while one is pending; `sticky_sigint` raises it on exit if nothing did.
+counts the signal; when it arrives inside a gc callback or `__del__` the handler raises nothing there
+and interrupts the main thread again a moment later; `check()` at the trainer's safe points (every
+step) raises KeyboardInterrupt while one is pending, and `sticky_sigint` raises it on exit if
+nothing did.
 """
 
 from __future__ import annotations
 
+import _thread
 import contextlib
+import gc
 import os
 import signal
 import threading
@@ -22,9 +26,22 @@ _pending = 0
 _installed = False
 
 
+def _swallowing(frame: FrameType | None) -> bool:
+    """Whether `frame` runs inside a gc callback or a __del__, where Python would print and drop an exception."""
+    callbacks = {getattr(cb, "__code__", None) for cb in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _handler(signum: int, frame: FrameType | None) -> None:
     global _pending
     _pending += 1
+    if _swallowing(frame):  # raise it a moment later, outside: no "Exception ignored" traceback, no loss
+        threading.Timer(0.05, lambda: _installed and _pending and _thread.interrupt_main()).start()
+        return
     raise KeyboardInterrupt
 
 
@@ -37,6 +54,12 @@ def check() -> None:
     """Raise KeyboardInterrupt when a SIGINT arrived (its first KeyboardInterrupt may have been lost)."""
     if _pending:
         raise KeyboardInterrupt("interrupted (SIGINT)")
+
+
+def reported() -> None:
+    """The pending Ctrl-C was reported (and ends the command): nothing more to raise for it."""
+    global _pending
+    _pending = 0
 
 
 @contextlib.contextmanager
