@@ -12,7 +12,7 @@ def get_config():
     c = base()
     c.steps = 15
     c.checkpoint_every = 5
-    c.keep_checkpoints = 1  # 1.4 GB on disk at the end (3 kept: 4.2 GB); an interrupted run resumes from the last one
+    c.keep_checkpoints = 1  # 1.4 GiB on disk at the end (3 kept: 4.2 GiB); an interrupted run resumes from the last one
     c.eval_examples = 32
     c.model.source = "default"
     c.task.name = "arithmetic"

@@ -14,7 +14,7 @@ def base() -> ml_collections.ConfigDict:
     c.steps = 100
     c.checkpoint_every = 25
     # Each checkpoint holds the parameters and AdamW's two moments: 3x the float32 weights (SmolLM2-135M:
-    # 1.4 GB). Two are kept, so that a damaged newest one falls back to the one before.
+    # 1.4 GiB). Two are kept, so that a damaged newest one falls back to the one before.
     c.keep_checkpoints = 2
     c.max_nonfinite_steps = 5  # stop after this many consecutive steps with a non-finite loss or gradient
     c.eval_every = 0  # 0: evaluate only before and after the run

@@ -1,5 +1,7 @@
-"""The README's two set-up commands stay true: CI runs the test command verbatim, and the
-main-job command names a subcommand that exists."""
+"""The README stays true: CI runs its test command verbatim, the main-job command names a
+subcommand that exists, the sections a newcomer needs come first, every linked file exists, the
+command table lists every command, and its examples (the end-of-run listing, the YAML config) are
+what kljax prints and accepts."""
 
 from __future__ import annotations
 
@@ -31,3 +33,72 @@ def test_main_job_subcommand_exists():
     parser = build_parser()
     choices = next(a for a in parser._actions if a.dest == "command").choices
     assert sub in choices, f"README main job uses 'kljax {sub}', which is not a command: {sorted(choices)}"
+
+
+def _section_starts(text: str) -> dict[str, int]:
+    return {line[3:]: i for i, line in enumerate(text.splitlines()) if line.startswith("## ")}
+
+
+def test_readme_leads_a_newcomer_from_the_api_to_the_commands():
+    """After the set-up: the Python API, Coming from TRL, the KL table, then the commands; the
+    measurements and host tuning live in docs/."""
+    text = (ROOT / "README.md").read_text()
+    at = _section_starts(text)
+    order = ["Python API", "Coming from TRL", "The KL configurations, in a practitioner's words", "Command line"]
+    assert all(name in at for name in order), sorted(at)
+    assert [at[n] for n in order] == sorted(at[n] for n in order)
+    assert at["Python API"] == min(at.values())
+    for moved in ("Experiments: does this scale agree with the paper?", "Performance", "Host memory"):
+        assert f"## {moved}\n" not in text and f"### {moved}\n" not in text
+
+
+def test_every_link_to_a_file_exists():
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text()):
+            if "://" in target:
+                continue
+            assert (doc.parent / target).exists(), f"{doc.name} links to {target}, which does not exist"
+
+
+def test_command_table_lists_every_command():
+    text = (ROOT / "README.md").read_text()
+    listed = set(re.findall(r"^\| `kljax ([a-z-]+)", text, re.M))
+    choices = next(a for a in build_parser()._actions if a.dest == "command").choices
+    assert listed == set(choices)
+
+
+def test_the_end_of_run_listing_is_what_kljax_train_prints(tmp_path, monkeypatch):
+    """The README's example of the lines `kljax train` ends with (kljax/train/run_outputs.py) for a
+    workdir holding what the default run writes; only the checkpoints' size differs."""
+    from kljax.train.run_outputs import output_lines
+
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"```\n(outputs in runs/default:\n.*?)```", text, re.S)
+    assert block, "README shows the end-of-run listing"
+    shown = block.group(1).rstrip("\n").splitlines()
+    monkeypatch.chdir(tmp_path)
+    work = Path("runs/default")
+    (work / "checkpoints" / "15").mkdir(parents=True)
+    (work / "checkpoints" / "15" / "state").write_bytes(b"0" * 1000)
+    (work / "tb").mkdir()
+    for name in ("metrics.jsonl", "eval_before.json", "eval_after.json"):
+        (work / name).write_text("{}\n")
+    (work / "config.json").write_text('{"task": {"name": "arithmetic"}}')
+    printed = output_lines(work)
+
+    def without_size(lines: list[str]) -> list[str]:
+        return [re.sub(r"state, [0-9.]+ [KMG]?i?B", "state, SIZE", line) for line in lines]
+
+    assert without_size(shown) == without_size(printed)
+
+
+def test_the_readme_yaml_config_is_a_valid_run_config(tmp_path):
+    from kljax.train.config import load_config, validate
+
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"```yaml\n(.*?)```", text, re.S)
+    assert block
+    path = tmp_path / "run.yaml"
+    path.write_text(block.group(1))
+    settings = validate(load_config(path))
+    assert settings.rl.stop == ("0",) and settings.rl.min_p == 0.05

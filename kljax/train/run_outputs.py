@@ -32,7 +32,7 @@ def disk_bytes(path: Path) -> int:
 
 
 def _size(n: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):  # as du -h counts
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{n} B"
