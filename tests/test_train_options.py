@@ -129,3 +129,28 @@ def test_a_tracker_not_installed_fails_the_run_up_front_naming_the_extra(tmp_pat
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith("kljax train: error: logging.report_to") and "kljax[track]" in err[0]
     assert not (tmp_path / "w").exists()
+
+
+def test_a_resumed_run_reports_to_the_same_tracked_runs(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow", reason="MLflow is in the track extra (pip install 'kljax[track]')")
+    import ml_collections
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file:{tmp_path / 'mlruns'}")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    config = ml_collections.ConfigDict({"steps": 4, "logging": {"report_to": "mlflow", "project": "p", "run_name": ""}})
+    work = tmp_path / "run"
+    work.mkdir()
+    first = tracking.open_trackers(config, work, resume=False)
+    first[0].log(1, {"reward": 0.5, "kl_seq": float("nan")})
+    first[0].close()
+    again = tracking.open_trackers(config, work, resume=True)
+    again[0].log(2, {"reward": 0.75})
+    again[0].close()
+    fresh = tracking.open_trackers(config, tmp_path / "run", resume=False)  # a new run: a new tracked run
+    fresh[0].close()
+    run_id = first[0].run_id
+    assert again[0].run_id == run_id != fresh[0].run_id
+    client = MlflowClient(tracking_uri=f"file:{tmp_path / 'mlruns'}")
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "reward")] == [(1, 0.5), (2, 0.75)]
+    assert client.get_metric_history(run_id, "kl_seq") == []  # NaN left out, as metrics.jsonl's null
