@@ -154,3 +154,19 @@ def test_a_resumed_run_reports_to_the_same_tracked_runs(tmp_path, monkeypatch):
     client = MlflowClient(tracking_uri=f"file:{tmp_path / 'mlruns'}")
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "reward")] == [(1, 0.5), (2, 0.75)]
     assert client.get_metric_history(run_id, "kl_seq") == []  # NaN left out, as metrics.jsonl's null
+
+
+@pytest.mark.parametrize("stop,message", [("['x']", "cannot write 'x'"), ("[99]", "token id 99 is beyond")])
+def test_a_stop_the_tokenizer_cannot_write_fails_before_anything_runs(tmp_path, capsys, monkeypatch, stop, message):
+    from kljax.train import trainer
+
+    def built(*_, **__):
+        raise AssertionError("the train state was built before the stop was checked")
+
+    monkeypatch.setattr(trainer.st, "state_from_params", built)
+    work = tmp_path / "w"
+    code = main(["train", "--config", "configs/tiny.py", "--workdir", str(work), "--no-progress",
+                 f"--config.rl.stop={stop}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0], err
+    assert not (work / "eval_before.json").exists() and not (work / "metrics.jsonl").exists()

@@ -53,7 +53,7 @@ from kljax.train.owned_paths import claim_run_dir
 from kljax.train.policy import Policy, load_policy
 from kljax.train.resume_check import check_resume_workdir
 from kljax.train.reward_set import trainer_state
-from kljax.train.rollout import RolloutInfo, policy_scored_in_update, rollout, sampler_is_policy
+from kljax.train.rollout import RolloutInfo, policy_scored_in_update, rollout, run_stops, sampler_is_policy
 from kljax.train.step import Batch, StepSettings, batch_kl_metrics, batch_shardings, score, train_step
 from kljax.train.tracking import check_report_to
 from kljax.train.workdir_lock import WorkdirLock
@@ -180,6 +180,7 @@ def build(settings: RunSettings, reward_funcs: Sequence[Any] | None = None) -> t
     if any(dropped.values()) and distributed.is_main_process():
         print(f"kljax train: dropped prompts longer than rl.max_prompt_len={settings.rl.max_prompt_len}: "
               + ", ".join(f"{n} of split {s!r}" for s, n in dropped.items() if n), flush=True)
+    run_stops(rl.stop, policy.tokenizer, policy.model)  # rl.stop: an id past the vocabulary, a string no token writes
     reward = reward_from_config(settings.raw, task, mesh, policy, functions)
     tx = st.make_optimizer(settings.optim)
     # Two copies of the weights, not three: the state gets its own copy (donated to and updated by
