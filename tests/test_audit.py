@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -203,3 +204,55 @@ def test_kl_configs_labels_come_from_the_peer_table():
         assert audit._key(kl) not in notes or label in notes[audit._key(kl)]
     k1_loss = next(note for c, note in PRESETS if (c.estimator, c.placement) == ("k1", "loss"))
     assert "Tunix GRPO default" in k1_loss
+
+
+def test_openrlhf_dotted_keys_old_names_and_kl_outside_the_baseline():
+    """OpenRLHF main's dotted names (old ones accepted with a note); group_norm is grpo with std + 1e-9 and
+    the per-token KL added after the baseline, credited reward-to-go; no_std_norm leaves group_norm alone."""
+    t = audit.translation("openrlhf", {"algo.advantage.estimator": "group_norm", "algo.advantage.no_std_norm": True,
+                                       "init_kl_coef": 0.05, "rollout.n_samples_per_prompt": 4})
+    run = t.run
+    assert (run.advantage, run.std_eps, run.group_size, run.kl.beta) == ("grpo", 1e-9, 4, 0.05)
+    assert (run.kl.placement, run.kl.credit, run.kl.in_baseline) == ("reward", "reward_to_go", False)
+    assert any("init_kl_coef is the old name of algo.kl.init_coef" in n for n in t.notes) and t.exact
+    with pytest.raises(ValueError, match="name the same setting"):
+        audit.translation("openrlhf", {"init_kl_coef": 0.1, "algo.kl.init_coef": 0.1})
+    dr = audit.translation("openrlhf", {"algo.advantage.estimator": "dr_grpo", "rollout.n_samples_per_prompt": 4,
+                                        "rollout.batch_size": 32, "actor.dual_clip": 3.0})
+    assert dr.run.clip_ratio_c == 3.0 and dr.run.updates_per_batch == 1
+    info = describe_objective(dr.run)  # task reward (G-1)/G, the KL outside the baseline 1: effective beta
+    assert info.verdict == "biased" and "effective beta is 4/3" in info.gradient
+    assert "--config.kl.in_baseline=False" in audit.overrides(dr.run)
+    assert not audit.translation("openrlhf", {"algo.advantage.estimator": "reinforce_baseline"}).exact
+
+
+def test_verl_dual_clip_and_std_epsilon():
+    run = audit.translation("verl", {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4}).run
+    assert (run.clip_ratio_c, run.std_eps) == (3.0, 1e-6)
+    flags = audit.overrides(run)
+    assert "--config.rl.clip_ratio_c=3.0" in flags and "--config.rl.advantage_std_eps=1e-06" in flags
+    assert describe_objective(dataclasses.replace(run, updates_per_batch=1, aggregation="seq-mean-token-sum",
+                                                  advantage="rloo")).verdict == "unbiased"  # inactive on-policy
+    with pytest.raises(ValueError, match="clip_ratio_c"):
+        audit.translation("verl", {"actor_rollout_ref.actor.clip_ratio_c": 1.0})
+
+
+@pytest.mark.parametrize("mode, ours", [("sequence-mean-token-sum-norm", "seq-mean-token-sum"),
+                                        ("sequence-mean-token-scale", "seq-mean-token-sum-norm"),
+                                        ("sequence-mean-token-mean", "seq-mean-token-mean")])
+def test_tunix_aggregations_and_advantages(mode, ours):
+    run = audit.translation("tunix-grpo", {"loss_agg_mode": mode}).run
+    assert run.aggregation == ours and run.max_new_tokens == 64 and run.std_eps == 1e-6
+    for name, adv in (("rloo", "rloo"), ("drgrpo", "dr_grpo"), ("grpo", "grpo")):
+        assert audit.translation("tunix-grpo", {"advantage_estimator": name}).run.advantage == adv
+    ppo = audit.translation("tunix-ppo", {"num_ppo_epochs": 2})
+    assert ppo.run.updates_per_batch == 2 and any("old name" in n for n in ppo.notes)
+
+
+def test_equivalent_only_where_the_gradients_agree(capsys):
+    assert main(["audit", "trl-grpo", "scale_rewards=batch"]) == 0
+    out = capsys.readouterr().out
+    assert "approximately" in out and "equivalent" not in out and "scale_rewards='batch'" in out
+    assert main(["audit", "trl-rloo", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["mapping"] == "exact" and report["approximations"] == []

@@ -1,5 +1,6 @@
-"""`kljax audit PEER [key=value ...] [--file FILE] [--json]`: another trainer's KL settings as the
-equivalent kljax configuration, with its expected gradient (`kljax.rl.audit`, `kljax.rl.describe`).
+"""`kljax audit PEER [key=value ...] [--file FILE] [--json]`: another trainer's KL settings as a
+kljax configuration, with its expected gradient (`kljax.rl.audit`, `kljax.rl.describe`): "equivalent"
+where the two gradients agree, "approximately" with each difference named and measured otherwise.
 
 Settings come from FILE (JSON, or YAML; nested sections flatten to dotted keys, as verl's) and
 then from key=value arguments, which win. A value is parsed as JSON where it can be (true, 0.04,
@@ -15,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from kljax.errors import UserError, read_json
-from kljax.rl.audit import overrides, translate
-from kljax.rl.audit_peers import PEERS, settings_with_defaults
+from kljax.rl.audit import overrides, translation
+from kljax.rl.audit_peers import PEERS, canonical, settings_with_defaults
 from kljax.rl.describe import describe_objective
 
 
@@ -80,16 +81,19 @@ def read_settings(path: str) -> dict[str, Any]:
 def audit(peer: str, settings: dict[str, Any]) -> dict[str, Any]:
     """Everything `kljax audit` prints, as one JSON-able dict."""
     values = settings_with_defaults(peer, settings)
-    run, notes = translate(peer, settings)
+    given = canonical(peer, settings)[0]
+    mapped = translation(peer, settings)
+    run, notes = mapped.run, mapped.notes
     info = describe_objective(run)
     spec = PEERS[peer]
-    used = [{"name": f.name, "value": values[f.name], "default": f.default, "is_default": f.name not in settings,
+    used = [{"name": f.name, "value": values[f.name], "default": f.default, "is_default": f.name not in given,
              "source": f.source, "confirmed": f.confirmed, "note": f.note} for f in spec.fields]
     kljax = {"kl": dataclasses.asdict(run.kl), **{k: v for k, v in dataclasses.asdict(run).items() if k != "kl"}}
     return {"peer": peer, "trainer": spec.trainer, "section": spec.section, "version": spec.version,
             "settings": used, "kljax": kljax, "overrides": overrides(run), "name": info.name,
             "verdict": info.verdict, "scale": info.scale, "gradient": info.gradient, "kl_gradient": info.kl.gradient,
-            "reasons": list(info.reasons), "notes": list(notes)}
+            "reasons": list(info.reasons), "mapping": "exact" if mapped.exact else "approximate",
+            "approximations": list(mapped.approximations), "notes": list(notes)}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -104,7 +108,12 @@ def run(args: argparse.Namespace) -> int:
     for s in report["settings"]:
         mark = ("*" if s["is_default"] else " ") + ("?" if s["is_default"] and not s["confirmed"] else " ")
         print(f"  {mark} {s['name']} = {json.dumps(s['value'])}")
-    print("kljax equivalent:")
+    if report["mapping"] == "exact":
+        print("kljax equivalent (the same gradient as the peer's code):")
+    else:
+        print("kljax nearest: approximately the peer's objective; differences:")
+        for difference in report["approximations"]:
+            print(f"  ~ {difference}")
     print("  kljax train --workdir runs/audit " + " ".join(report["overrides"]))
     print(f"verdict: {report['verdict']} ({report['name']})")
     print(f"expected gradient: {report['gradient']}")

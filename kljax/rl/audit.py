@@ -13,7 +13,7 @@ from typing import Any
 
 from kljax.errors import UserError
 from kljax.rl.audit_peers import VERL_ACTOR as _A
-from kljax.rl.audit_peers import settings_with_defaults, value_has_type
+from kljax.rl.audit_peers import canonical, settings_with_defaults, value_has_type
 from kljax.rl.describe import RunObjective
 from kljax.rl.kl import KLConfig
 
@@ -50,6 +50,7 @@ def translation(peer: str, settings: Mapping[str, Any]) -> Translation:
     UserError for bad input or a setting with no kljax counterpart at all."""
     values = settings_with_defaults(peer, settings)
     notes = _Notes()
+    notes.extend(canonical(peer, settings)[1])
     objective = _TRANSLATORS[peer](values, notes)
     return Translation(objective, tuple(notes.approximations), tuple(notes))
 
@@ -64,7 +65,9 @@ def _clip(low: float, high: float | None) -> tuple[float, float | None]:
     return float(low), (None if high is None or high == low else float(high))
 
 
-TRL_STD_EPS = 1e-4  # TRL's GRPO and RLOO: (r - mean) / (std + 1e-4)
+# grpo's (r - mean) / (std + eps), ddof=1 in each: TRL 1e-4; verl 1e-6 (core_algos); OpenRLHF 1e-9
+# (experience_maker, group_norm); Tunix 1e-6 (algo_core compute_advantages).
+TRL_STD_EPS, VERL_STD_EPS, OPENRLHF_STD_EPS, TUNIX_STD_EPS = 1e-4, 1e-6, 1e-9, 1e-6
 
 
 def _trl_grpo(v: dict[str, Any], notes: _Notes) -> RunObjective:
@@ -136,7 +139,7 @@ def _trl_rloo(v: dict[str, Any], notes: _Notes) -> RunObjective:
                         max_new_tokens=v["max_completion_length"], std_eps=TRL_STD_EPS)
 
 
-def _verl_estimator(name: str, key: str, placement: str, notes: list[str]) -> str:
+def _verl_estimator(name: str, key: str, placement: str, notes: _Notes) -> str:
     base = name.rstrip("+")
     est = {"kl": "k1", "k1": "k1", "mse": "k2", "k2": "k2", "low_var_kl": "k3", "k3": "k3"}[base]
     if name.endswith("+") and est == "k3":
@@ -148,8 +151,9 @@ def _verl_estimator(name: str, key: str, placement: str, notes: list[str]) -> st
             return "k2"
         return "k1"  # in the reward only the (detached) value enters
     if est == "k3":
-        notes.append(f"{key}={name!r}: verl clamps k3 to [-10, 10] (and the log-ratio to [-20, 20] in recent "
-                     "versions); kljax does not clamp")
+        notes.approx(f"{key}={name!r}: verl clamps k3 to [-10, 10] (and the log-ratio to [-20, 20] in recent "
+                     "versions); kljax does not clamp: the gradients differ only on tokens where |k3| > 10 (a "
+                     "log-ratio below about -2.6 nats), none on the reference input of docs/audit.md")
     return est
 
 
@@ -183,9 +187,10 @@ def _verl(v: dict[str, Any], notes: _Notes) -> RunObjective:
         notes.append("algorithm.kl_ctrl.type='adaptive' adapts only the in-reward coefficient; no KL in reward here")
     if adv_name == "gae":
         advantage = "rloo"
-        notes.append("algorithm.adv_estimator='gae' trains a critic, which kljax does not have; the verdict is for "
+        notes.approx("algorithm.adv_estimator='gae' trains a critic, which kljax does not have; the verdict is for "
                      "kljax's critic-free rloo" + (" (per-token KL credited reward-to-go, as GAE with gamma = lam "
-                                                   "= 1 does)" if in_reward else ""))
+                                                   "= 1 does)" if in_reward else "") + ": a different estimator "
+                     "of the same policy gradient, not comparable on one input")
     elif adv_name == "grpo":
         advantage = "grpo" if v["algorithm.norm_adv_by_std_in_grpo"] else "dr_grpo"
     else:
@@ -209,56 +214,71 @@ def _verl(v: dict[str, Any], notes: _Notes) -> RunObjective:
                      "the verdict uses group_size 2")
         group = 2
     low, high = _clip(v[_A + "clip_ratio_low"], v[_A + "clip_ratio_high"])
-    return RunObjective(kl, agg, advantage, group, low, high, updates, max_new_tokens=v["data.max_response_length"])
+    clip_c = float(v[_A + "clip_ratio_c"])
+    if not clip_c > 1:
+        raise UserError(f"verl: {_A}clip_ratio_c={clip_c!r} must be > 1 (verl's dual-clip bound)")
+    notes.append(f"dual-clip PPO at {_A}clip_ratio_c={clip_c:g} (rl.clip_ratio_c): no gradient from a token with a "
+                 "negative advantage whose ratio exceeds it; inactive on-policy")
+    return RunObjective(kl, agg, advantage, group, low, high, updates, max_new_tokens=v["data.max_response_length"],
+                        clip_ratio_c=clip_c, std_eps=VERL_STD_EPS)
 
 
 def _openrlhf(v: dict[str, Any], notes: _Notes) -> RunObjective:
-    beta, est, adv_name = float(v["init_kl_coef"]), v["kl_estimator"], v["advantage_estimator"]
-    target = None if v["kl_target"] is None else float(v["kl_target"])
+    beta, est = float(v["algo.kl.init_coef"]), v["algo.kl.estimator"]
+    adv_name = v["algo.advantage.estimator"]
+    target = None if v["algo.kl.target"] is None else float(v["algo.kl.target"])
     if beta == 0:
         kl = KLConfig(placement="none", beta=0.0)
-    elif v["use_kl_loss"]:
+    elif v["algo.kl.use_loss"]:
         kl = KLConfig(est, "loss", beta=beta)
-        notes.append("use_kl_loss: the KL is taken out of the reward and put in the loss (OpenRLHF recommends "
-                     "k2 or k3 there); not confirmed in OpenRLHF's experience maker")
     else:
+        # experience_maker: the group baseline and scale see the task reward; compute_reward then adds
+        # -beta * k_t per token and the returns are cumulative (gamma 1): reward-to-go, outside the baseline.
         kl = KLConfig(est, "reward", "reward_to_go", beta=beta, target_kl=target,
-                      adapt_horizon=float(v["kl_horizon"]))
-        if adv_name != "gae":
-            notes.append("the per-token KL penalty is credited reward-to-go (discounted returns, gamma 1) as in "
-                         "stored copies of OpenRLHF's experience maker, not confirmed at the commit read; "
-                         "sequence credit has the same expected gradient")
-    advantage = {"gae": "rloo", "reinforce": "rloo", "rloo": "rloo", "reinforce_baseline": "grpo",
+                      adapt_horizon=float(v["algo.kl.horizon"]), in_baseline=adv_name == "gae")
+        notes.append("the per-token KL is added after the group baseline and scale and credited reward-to-go "
+                     "(kl.in_baseline=False, kl.credit='reward_to_go'), as OpenRLHF's compute_reward does")
+    advantage = {"gae": "rloo", "reinforce": "rloo", "rloo": "rloo", "reinforce_baseline": "dr_grpo",
                  "group_norm": "grpo", "dr_grpo": "dr_grpo"}[adv_name]
-    if adv_name == "group_norm" and v["no_advantage_std_norm"]:
-        advantage = "dr_grpo"
+    if adv_name == "group_norm" and v["algo.advantage.no_std_norm"]:
+        notes.append("algo.advantage.no_std_norm whitens gae / reinforce / reinforce_baseline advantages; "
+                     "group_norm divides by the group's std either way")
     if adv_name in ("gae", "reinforce"):
-        notes.append(f"advantage_estimator={adv_name!r} has no kljax equivalent (critic, or no baseline); the "
-                     "verdict is for kljax's rloo")
+        notes.approx(f"algo.advantage.estimator={adv_name!r} has no kljax counterpart (a critic, or no baseline and "
+                     "batch whitening); the verdict is for kljax's rloo: a different estimator, not comparable on "
+                     "one input")
     if adv_name == "reinforce_baseline":
-        notes.append("reinforce_baseline subtracts the group mean, then whitens over the batch; kljax's nearest "
-                     "is grpo (sample-dependent scaling either way: biased)")
+        notes.approx("reinforce_baseline subtracts the group mean (kljax's dr_grpo), then whitens the advantages "
+                     "over the whole batch, which kljax does not (sample-dependent scaling: biased)")
+    notes.append("OpenRLHF clamps the shaped reward to reward.clip_range (-10, 10) by default: the same as kljax "
+                 "while the normalized rewards stay inside it")
     aggregation = "token-mean" if v["token_level_loss"] else "seq-mean-token-mean"
     notes.append(f"loss aggregation {aggregation} follows PolicyLoss(token_level_loss={v['token_level_loss']}); "
-                 "not confirmed at the commit read")
-    per_batch = v["rollout_batch_size"] * v["n_samples_per_prompt"] // max(1, v["train_batch_size"])
-    updates = v["max_epochs"] * max(1, per_batch)
+                 "not confirmed at a main commit")
+    per_batch = v["rollout.batch_size"] * v["rollout.n_samples_per_prompt"] // max(1, v["train.batch_size"])
+    updates = v["train.max_epochs"] * max(1, per_batch)
     if per_batch > 1:
-        notes.append(f"rollout_batch_size * n_samples_per_prompt / train_batch_size = {per_batch} optimizer steps "
-                     "per rollout (train_batch_size counted in samples: assumed): every step after the first "
+        notes.append(f"rollout.batch_size * rollout.n_samples_per_prompt / train.batch_size = {per_batch} optimizer "
+                     "steps per rollout (train.batch_size counted in samples: assumed): every step after the first "
                      "uses stale samples")
-    group = v["n_samples_per_prompt"]
+    group = v["rollout.n_samples_per_prompt"]
     if advantage != "dr_grpo" and group < 2:
-        notes.append(f"n_samples_per_prompt={group}: a group baseline needs >= 2; the verdict uses group_size 2")
+        notes.append(f"rollout.n_samples_per_prompt={group}: a group baseline needs >= 2; the verdict uses "
+                     "group_size 2")
         group = 2
-    low, high = v["eps_clip"], None
-    if v["eps_clip_low_high"] is not None:
-        pair = list(v["eps_clip_low_high"])
+    low, high = v["actor.eps_clip"], None
+    if v["actor.eps_clip_low_high"] is not None:
+        pair = list(v["actor.eps_clip_low_high"])
         if len(pair) != 2 or not all(value_has_type(x, (float,)) and x >= 0 for x in pair):
-            raise UserError(f"openrlhf: eps_clip_low_high={pair!r} must be two numbers >= 0 (low, high)")
+            raise UserError(f"openrlhf: actor.eps_clip_low_high={pair!r} must be two numbers >= 0 (low, high)")
         low, high = pair
     low, high = _clip(low, high)
-    return RunObjective(kl, aggregation, advantage, group, low, high, updates, max_new_tokens=v["generate_max_len"])
+    clip_c = v["actor.dual_clip"]
+    if clip_c is not None and not clip_c > 1:
+        raise UserError(f"openrlhf: actor.dual_clip={clip_c!r} must be > 1 (or null)")
+    return RunObjective(kl, aggregation, advantage, group, low, high, updates,
+                        max_new_tokens=v["rollout.max_new_tokens"],
+                        clip_ratio_c=None if clip_c is None else float(clip_c), std_eps=OPENRLHF_STD_EPS)
 
 
 _TUNIX_EST = {"kl": "k1", "mse_kl": "k2", "low_var_kl": "k3"}
@@ -268,26 +288,35 @@ def _tunix_grpo(v: dict[str, Any], notes: _Notes) -> RunObjective:
     beta = float(v["beta"])
     kl = (KLConfig(placement="none", beta=0.0) if beta == 0
           else KLConfig(_TUNIX_EST[v["kl_loss_mode"]], "loss", beta=beta))
-    names = {"sequence-mean-token-mean": "seq-mean-token-mean",
-             "sequence-mean-token-sum-norm": "seq-mean-token-sum-norm"}
+    # Tunix's loss_agg_mode (tunix/rl/common.aggregate_loss): "sequence-mean-token-sum-norm" divides the
+    # token sum by `norm`, which defaults to the number of rows and the GRPO loss never passes: kljax's
+    # seq-mean-token-sum. "sequence-mean-token-scale" divides each row's sum by the response width: kljax's
+    # seq-mean-token-sum-norm with max_new_tokens = max_tokens_to_generate.
+    names = {"sequence-mean-token-mean": "seq-mean-token-mean", "sequence-mean-token-sum-norm": "seq-mean-token-sum",
+             "sequence-mean-token-scale": "seq-mean-token-sum-norm"}
     aggregation = names.get(v["loss_agg_mode"], v["loss_agg_mode"])
-    if aggregation == "seq-mean-token-sum-norm" and v["max_tokens_to_generate"] is None:
-        notes.append("seq-mean-token-sum-norm's constant needs max_tokens_to_generate (not given)")
-    low, high = _clip(v["epsilon"], v["epsilon_high"])
-    return RunObjective(kl, aggregation, "grpo", v["num_generations"], low, high, v["num_iterations"],
-                        max_new_tokens=v["max_tokens_to_generate"])
+    if v["loss_agg_mode"] == "sequence-mean-token-sum-norm":
+        notes.append("Tunix's sequence-mean-token-sum-norm divides by its norm, the batch size by default (the GRPO "
+                     "loss passes none): kljax's seq-mean-token-sum, not kljax's seq-mean-token-sum-norm")
+    if v["loss_agg_mode"] == "sequence-mean-token-scale":
+        notes.append("sequence-mean-token-scale divides each row's token sum by the response width "
+                     "(max_tokens_to_generate) and averages over non-empty rows: kljax's seq-mean-token-sum-norm")
+    advantage = {"grpo": "grpo", "rloo": "rloo", "drgrpo": "dr_grpo"}[v["advantage_estimator"]]
+    low, high = _clip(v["epsilon"], None)
+    return RunObjective(kl, aggregation, advantage, v["num_generations"], low, high, v["num_iterations"],
+                        max_new_tokens=v["max_tokens_to_generate"], std_eps=TUNIX_STD_EPS)
 
 
 def _tunix_ppo(v: dict[str, Any], notes: _Notes) -> RunObjective:
     beta = float(v["beta"])
     kl = (KLConfig(placement="none", beta=0.0) if beta == 0
           else KLConfig(_TUNIX_EST[v["kl_method"]], "reward", "reward_to_go", beta=beta))
-    notes.append(f"Tunix PPO trains a critic with GAE (gamma={v['gamma']}, gae_lambda={v['gae_lambda']}), which "
+    notes.approx(f"Tunix PPO trains a critic with GAE (gamma={v['gamma']}, gae_lambda={v['gae_lambda']}), which "
                  "kljax does not have; the verdict is for kljax's critic-free rloo, the per-token KL credited "
                  "reward-to-go")
-    notes.append("the PPO policy loss's aggregation was not read; the verdict uses token-mean (not confirmed)")
+    notes.approx("the PPO policy loss's aggregation was not read; the verdict uses token-mean (not confirmed)")
     low, high = _clip(v["epsilon"], v["epsilon_high"])
-    return RunObjective(kl, "token-mean", "rloo", 2, low, high, v["num_ppo_epochs"])
+    return RunObjective(kl, "token-mean", "rloo", 2, low, high, v["num_iterations"])
 
 
 _TRANSLATORS: dict[str, Callable[[dict[str, Any], _Notes], RunObjective]] = {
@@ -302,9 +331,15 @@ def overrides(run: RunObjective) -> list[str]:
     flags = {f"kl.{k}": getattr(kl, k) for k in ("estimator", "placement", "credit", "scope", "off_policy", "beta")}
     if kl.target_kl is not None:
         flags.update({"kl.target_kl": kl.target_kl, "kl.adapt_horizon": kl.adapt_horizon})
+    if not kl.in_baseline:
+        flags["kl.in_baseline"] = False
     flags.update({"rl.loss_aggregation": run.aggregation, "rl.advantage": run.advantage,
                   "rl.group_size": run.group_size, "rl.clip_low": run.clip_low, "rl.clip_high": run.clip_high,
                   "rl.updates_per_batch": run.updates_per_batch})
+    if run.clip_ratio_c is not None:
+        flags["rl.clip_ratio_c"] = run.clip_ratio_c
+    if run.advantage == "grpo":
+        flags["rl.advantage_std_eps"] = run.std_eps
     if run.max_new_tokens is not None:
         flags["rl.max_new_tokens"] = run.max_new_tokens
     return [f"--config.{k}={v}" for k, v in flags.items()]
@@ -325,9 +360,12 @@ USAGES: tuple[tuple[str, str, dict[str, Any]], ...] = (
      {"algorithm.use_kl_in_reward": True, "algorithm.adv_estimator": "grpo"}),
     ("verl use_kl_in_reward with kl_penalty=kl (adv_estimator=gae)", "verl", {"algorithm.use_kl_in_reward": True}),
     ("OpenRLHF default (GAE)", "openrlhf", {}),
-    ("OpenRLHF advantage_estimator=rloo", "openrlhf", {"advantage_estimator": "rloo", "n_samples_per_prompt": 4}),
-    ("OpenRLHF use_kl_loss kl_estimator=k3", "openrlhf", {"use_kl_loss": True, "kl_estimator": "k3"}),
-    ("OpenRLHF use_kl_loss kl_estimator=k2", "openrlhf", {"use_kl_loss": True, "kl_estimator": "k2"}),
+    ("OpenRLHF algo.advantage.estimator=rloo", "openrlhf",
+     {"algo.advantage.estimator": "rloo", "rollout.n_samples_per_prompt": 4}),
+    ("OpenRLHF algo.kl.use_loss with algo.kl.estimator=k3", "openrlhf",
+     {"algo.kl.use_loss": True, "algo.kl.estimator": "k3"}),
+    ("OpenRLHF algo.kl.use_loss with algo.kl.estimator=k2", "openrlhf",
+     {"algo.kl.use_loss": True, "algo.kl.estimator": "k2"}),
     ("Tunix GRPO default (kl_loss_mode=kl)", "tunix-grpo", {}),
     ("Tunix GRPO kl_loss_mode=low_var_kl", "tunix-grpo", {"kl_loss_mode": "low_var_kl"}),
     ("Tunix PPO default (k3 in reward, GAE)", "tunix-ppo", {}),
