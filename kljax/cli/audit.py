@@ -12,10 +12,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
+import sys
 from pathlib import Path
 from typing import Any
 
-from kljax.errors import UserError, read_json
+from kljax.errors import UserError
 from kljax.rl.audit import overrides, translation
 from kljax.rl.audit_peers import PEERS, canonical, settings_with_defaults
 from kljax.rl.describe import describe_objective
@@ -39,9 +41,16 @@ def parse_pairs(pairs: list[str]) -> dict[str, Any]:
             raise UserError(f"setting {item!r} must look like key=value")
         try:
             out[key] = json.loads(text)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             out[key] = text
+        _check_finite(key, out[key], f"setting {item!r}")
     return out
+
+
+def _check_finite(key: str, value: Any, where: str) -> None:
+    """A float setting must be finite: 1e999 reads as inf, which no peer trainer can mean."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UserError(f"{where}: {key}={value!r} is not a finite number; give a value within float range")
 
 
 def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -60,22 +69,45 @@ def read_settings(path: str) -> dict[str, Any]:
     file = Path(path)
     if not file.is_file():
         raise UserError(f"settings file {file} does not exist")
-    if file.suffix == ".json":
-        data = read_json(file, "settings file")
-    elif file.suffix in (".yaml", ".yml"):
-        try:
-            import yaml
-        except ImportError as e:  # pragma: no cover - PyYAML ships with transformers
-            raise UserError(f"settings file {file}: reading YAML needs PyYAML; use a .json file") from e
-        try:
-            data = yaml.safe_load(file.read_text())
-        except yaml.YAMLError as e:
-            raise UserError(f"settings file {file} is not valid YAML: {' '.join(str(e).split())}") from e
-    else:
+    if file.suffix not in (".json", ".yaml", ".yml"):
         raise UserError(f"settings file {file}: use .json, .yaml or .yml")
-    if not isinstance(data, dict):
-        raise UserError(f"settings file {file} must hold a mapping of setting names to values")
-    return _flatten(data)
+    raw = file.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise UserError(f"settings file {file} is not UTF-8 text: byte 0x{raw[e.start]:02x} at offset {e.start} "
+                        f"(line {line}); save it as UTF-8") from None
+    try:
+        data = _parse(file, text)
+        if not isinstance(data, dict):
+            raise UserError(f"settings file {file} must hold a mapping of setting names to values")
+        flat = _flatten(data)
+    except RecursionError:
+        raise UserError(f"settings file {file} nests too deeply to read (past Python's recursion limit "
+                        f"of {sys.getrecursionlimit()} frames); "
+                        "settings are a mapping a few sections deep") from None
+    for key, value in flat.items():
+        _check_finite(key, value, f"settings file {file}")
+    return flat
+
+
+def _parse(file: Path, text: str) -> Any:
+    """The JSON or YAML value of `text` (the contents of `file`); UserError naming the file if invalid."""
+    if file.suffix == ".json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UserError(f"settings file {file} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") \
+                from None
+    try:
+        import yaml
+    except ImportError as e:  # pragma: no cover - PyYAML ships with transformers
+        raise UserError(f"settings file {file}: reading YAML needs PyYAML; use a .json file") from e
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise UserError(f"settings file {file} is not valid YAML: {' '.join(str(e).split())}") from None
 
 
 def audit(peer: str, settings: dict[str, Any]) -> dict[str, Any]:

@@ -116,10 +116,33 @@ def configure(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(f"--config.{field}", dest="overrides", action=_Override, help=argparse.SUPPRESS)
 
 
+OPTIONAL_FIELDS = ("mc_chunk_size", "transformer", "plots")  # the study has defaults for these
+
+
+def check_is_bias_config(config: Any, path: str | Path) -> None:
+    """UserError unless `config` has every field of the default bias-study config (a run config,
+    e.g. configs/tiny.py, has none of them)."""
+    from kljax.errors import UserError
+
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise UserError(f"{path}: get_config() returned a {type(config).__name__}, not a bias-study config")
+    needed = [k for k in load_config(default_config_path()).keys() if k not in OPTIONAL_FIELDS]
+    first = ("policy", "mode", "configs", "vocab", "length")  # named first: what makes it a bias study
+    missing = sorted((k for k in needed if k not in config), key=lambda k: (k not in first, first.index(k)
+                                                                              if k in first else 0, k))
+    if missing:
+        run_config = all(k in config for k in ("model", "task", "rl"))
+        hint = " (it is a run config: `kljax train` takes it)" if run_config else ""
+        shown = missing[:4] + (["..."] if len(missing) > 4 else [])
+        raise UserError(f"{path} is not a bias-study config{hint}: it lacks {len(missing)} of its fields "
+                        f"({', '.join(shown)}); start from {DEFAULT_CONFIG}")
+
+
 def build_config(args: argparse.Namespace) -> ml_collections.ConfigDict:
     """The config file plus --config.FIELD overrides plus the convenience flags."""
     path = args.config or default_config_path()
     config = load_config(path)
+    check_is_bias_config(config, path)
     for key, text in getattr(args, "overrides", None) or []:
         apply_override(config, key, text)
     if args.samples is not None:

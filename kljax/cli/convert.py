@@ -29,8 +29,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import math
+
     from kljax.models.default import default_model_dir
 
+    if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
+        from kljax.errors import UserError
+
+        raise UserError(f"--tolerance={args.tolerance:g} must be a finite number >= 0 (the largest allowed "
+                        "|logit difference| of --check)")
     if args.default_model:
         print(default_model_dir())
         return 0

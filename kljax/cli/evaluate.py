@@ -18,6 +18,21 @@ from pathlib import Path
 ACCEPTS_CONFIG_OVERRIDES = True
 
 
+def count(text: str) -> int:
+    """An integer, also written as a whole number in float notation ("1e4" -> 10000)."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    return int(value)
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", help="'tiny', 'default' (SmolLM2-135M-Instruct) or a HF checkpoint directory")
@@ -28,7 +43,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated name:split specs (default: the config's task and eval_splits)")
     parser.add_argument("--k", type=int, default=4, help="k of pass@k and mean@k (default 4)")
     parser.add_argument("--n-samples", type=int, default=None, help="samples per prompt, >= k (default k)")
-    parser.add_argument("--n-examples", type=int, default=None, help="examples per split (default eval_examples)")
+    parser.add_argument("--n-examples", type=count, default=None,
+                        help="examples per split (default eval_examples; 1e4 = 10000)")
     parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (default rl.temperature)")
     parser.add_argument("--batch-size", type=int, default=None, help="sequences per sampler call")
     parser.add_argument("--prompt-format", choices=["chat", "plain", "raw"], default=None)
@@ -54,23 +70,19 @@ def run(args: argparse.Namespace) -> int:
 
     if args.json and Path(args.json).is_dir():
         raise ValueError(f"--json {args.json} is a directory; give a file path")
+    if args.json:
+        from kljax.io_errors import check_writable
+
+        check_writable(args.json, "--json")  # before the evaluation, not after it
     enable_compilation_cache()
     overrides = list(getattr(args, "overrides", []))
     try:
         if args.checkpoint:
-            params, policy, config, step = ev.restore_params(args.checkpoint, args.step, overrides=overrides)
-            mesh = jax.tree.leaves(params)[0].sharding.mesh  # the mesh the checkpoint was restored onto
-            source = {"checkpoint": str(args.checkpoint), "step": step, "model": config.model.source}
-            train_task = str(config.task.name)
+            config = ev.checkpoint_config(args.checkpoint, overrides)
         else:
             config = apply_overrides(_base_config(args), [*overrides, f"--config.model.source={args.model}"])
             if args.model not in ("tiny", "default") and not Path(args.model).is_dir():
                 raise ValueError(f"--model {args.model!r} is neither 'tiny', 'default' nor a directory")
-            mesh = ev.make_mesh(config)
-            policy = ev.load_model(config, mesh)
-            params = policy.params
-            source = {"model": args.model}
-            train_task = None
         settings = ev.EvalSettings.from_run_config(
             config, k=args.k, n_samples=args.n_samples, n_examples=args.n_examples, temperature=args.temperature,
             batch_size=args.batch_size, prompt_format=args.prompt_format, seed=args.seed,
@@ -78,9 +90,23 @@ def run(args: argparse.Namespace) -> int:
         from kljax.studies.eval_tasks import splits_for
 
         splits = splits_for(config, args.tasks)  # the run's own task (file tasks too) or name:split specs
+        ev.check_memory(splits, settings)  # before the model loads or an example is made
+        if args.checkpoint:
+            params, policy, config, step = ev.restore_params(args.checkpoint, args.step, overrides=overrides)
+            mesh = jax.tree.leaves(params)[0].sharding.mesh  # the mesh the checkpoint was restored onto
+            source = {"checkpoint": str(args.checkpoint), "step": step, "model": config.model.source}
+            train_task = str(config.task.name)
+        else:
+            mesh = ev.make_mesh(config)
+            policy = ev.load_model(config, mesh)
+            params = policy.params
+            source = {"model": args.model}
+            train_task = None
         results = ev.evaluate(policy, params, splits, settings, mesh, train_task=train_task,
                               progress=not args.no_progress)
     except ValueError as e:
+        if getattr(args, "debug", False):
+            raise
         print(f"kljax eval: error: {e}", file=sys.stderr)
         return 2
     print(ev.format_table(results))
@@ -93,6 +119,15 @@ def run(args: argparse.Namespace) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         from kljax.train.run_logs import dumps
 
-        Path(args.json).write_text(dumps(payload, indent=2))  # strict JSON: null, never NaN
+        try:
+            Path(args.json).write_text(dumps(payload, indent=2))  # strict JSON: null, never NaN
+        except OSError as e:  # a full or read-only disk: name the file (a failed write() names none)
+            from kljax.errors import UserError
+            from kljax.io_errors import disk_fault_message
+
+            message = disk_fault_message(e, f"--json {args.json}")
+            if message is None:
+                raise
+            raise UserError(message) from e
         print(f"wrote {args.json}")
     return 0

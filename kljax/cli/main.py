@@ -102,7 +102,8 @@ def run_command(module: object, args: argparse.Namespace) -> int:
     """`module.run(args)`; a user error (`kljax.errors.USER_ERRORS`) prints one line
     `kljax COMMAND: error: MESSAGE` to stderr and returns 2 (Ctrl-C: one line, 130), or is re-raised
     with `--debug`."""
-    from kljax.errors import USER_ERRORS, one_line
+    from kljax.errors import USER_ERRORS, UserError, one_line
+    from kljax.io_errors import disk_fault_message
     from kljax.train.interrupts import check, reported, sticky_sigint
 
     try:
@@ -116,10 +117,13 @@ def run_command(module: object, args: argparse.Namespace) -> int:
             raise
         print(f"kljax {args.command}: error: {one_line(e) if str(e) else 'interrupted (Ctrl-C)'}", file=sys.stderr)
         return 130
-    except USER_ERRORS as e:
-        if getattr(args, "debug", False):
+    except Exception as e:  # a user error, or a read-only or full disk anywhere in the chain
+        message = one_line(e) if isinstance(e, UserError) else disk_fault_message(e)
+        if message is None and isinstance(e, USER_ERRORS):
+            message = one_line(e)
+        if getattr(args, "debug", False) or message is None:
             raise
-        print(f"kljax {args.command}: error: {one_line(e)}", file=sys.stderr)
+        print(f"kljax {args.command}: error: {message}", file=sys.stderr)
         return 2
 
 

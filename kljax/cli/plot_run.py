@@ -54,20 +54,61 @@ def plot_run(workdir: str | Path, keys: tuple[str, ...] = DEFAULT_KEYS, out: str
         ax.axis("off")
     fig.suptitle(f"{workdir}\n{run_title(workdir)}", fontsize=10)
     fig.tight_layout()
-    out = Path(out) if out else workdir / "curves.png"
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    out = output_path(workdir, out)
+    try:
+        fig.savefig(out, dpi=100, format="png")
+    except OSError as e:  # a full or read-only disk: name the file (a failed write() names none)
+        from kljax.errors import UserError
+        from kljax.io_errors import disk_fault_message
+
+        message = disk_fault_message(e, str(out))
+        if message is None:
+            raise
+        raise UserError(message) from e
+    finally:
+        plt.close(fig)
     return out
+
+
+DEFAULT_NAME = "curves.png"
+
+
+def output_path(workdir: str | Path, out: str | Path | None) -> Path:
+    """Where the PNG goes: WORKDIR/curves.png by default; OUT/curves.png for a directory OUT (an
+    existing one, or a path ending in '/'); OUT itself for a .png path, OUT.png for a path without a
+    suffix. UserError for another suffix (plot-run writes PNG only) or a parent that is a file."""
+    from kljax.errors import UserError
+
+    if out is None:
+        return Path(workdir) / DEFAULT_NAME
+    text = str(out)
+    path = Path(text)
+    if path.is_dir() or text.endswith(("/", "\\")):
+        path = path / DEFAULT_NAME
+    elif path.suffix == "":
+        path = path.with_name(path.name + ".png")
+    elif path.suffix.lower() != ".png":
+        raise UserError(f"--out {text}: plot-run writes PNG; give a .png path or a directory")
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            raise UserError(f"--out {text}: {parent} is a file, not a directory")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _read_json(path: Path) -> object:
+    from kljax.errors import read_json
+
+    return read_json(path)
 
 
 def run_title(workdir: Path) -> str:
     """The KL configuration and beta of a run (from WORKDIR/config.json; "" without one)."""
-    import json
-
     path = Path(workdir) / "config.json"
     if not path.is_file():
         return ""
-    kl = json.loads(path.read_text()).get("kl", {})
+    config = _read_json(path)
+    kl = config.get("kl", {}) if isinstance(config, dict) else {}
     parts = [f"KL {kl.get('estimator')} in {kl.get('placement')}", f"credit {kl.get('credit')}",
              f"scope {kl.get('scope')}", f"off-policy {kl.get('off_policy')}", f"beta {kl.get('beta')}"]
     if kl.get("target_kl") is not None:
@@ -78,8 +119,6 @@ def run_title(workdir: Path) -> str:
 def eval_points(workdir: Path, rows: list[dict]) -> dict[str, list[tuple[int, float]]]:
     """{split: [(step, greedy accuracy)]}: eval_before.json at step 0, the eval/SPLIT/accuracy entries of
     metrics.jsonl, eval_after.json at the last step."""
-    import json
-
     points: dict[str, list[tuple[int, float]]] = {}
     for r in rows:
         for k, v in r.items():
@@ -88,7 +127,8 @@ def eval_points(workdir: Path, rows: list[dict]) -> dict[str, list[tuple[int, fl
     for name, step in (("eval_before.json", 0), ("eval_after.json", max(r["step"] for r in rows))):
         path = Path(workdir) / name
         if path.is_file():
-            for split, result in json.loads(path.read_text()).items():
+            results = _read_json(path)
+            for split, result in (results.items() if isinstance(results, dict) else ()):
                 if isinstance(result, dict) and isinstance(result.get("accuracy"), (int, float)):
                     points.setdefault(split, []).append((step, result["accuracy"]))
     return {split: sorted(pts) for split, pts in points.items()}
@@ -96,7 +136,8 @@ def eval_points(workdir: Path, rows: list[dict]) -> dict[str, list[tuple[int, fl
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("workdir", help="a `kljax train` workdir")
-    parser.add_argument("--out", default=None, help="PNG path (default WORKDIR/curves.png)")
+    parser.add_argument("--out", default=None,
+                        help="PNG path, or a directory for DIR/curves.png (default WORKDIR/curves.png)")
     parser.add_argument("--keys", default=",".join(DEFAULT_KEYS), help="comma-separated metric names")
 
 

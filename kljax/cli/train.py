@@ -54,7 +54,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         if getattr(args, "debug", False):
             raise
-        print(f"kljax train: error: {e}", file=sys.stderr)
+        from kljax.errors import UserError
+        from kljax.io_errors import disk_fault_message
+
+        print(f"kljax train: error: {(not isinstance(e, UserError) and disk_fault_message(e)) or e}",
+              file=sys.stderr)
         return 2
     except NonFiniteError as e:  # the run failed (exit 1), not its input
         if getattr(args, "debug", False):

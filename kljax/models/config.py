@@ -34,6 +34,8 @@ ROPE_TYPES = ("default", "linear", "llama3")
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_no_batch_saveable")
 KERNELS = ("auto", "plain", "cpu")
 DTYPES = ("float32", "bfloat16", "float16")
+SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+               "max_position_embeddings")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +78,10 @@ class ModelConfig:
     lora: LoraConfig | None = None  # LoRA adapters (`kljax.models.lora`): None = full fine-tuning
 
     def __post_init__(self) -> None:
+        for name in SIZE_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"model {name}={value!r} must be an integer >= 1")
         if self.architecture not in SUPPORTED_ARCHITECTURES:
             raise ValueError(
                 f"unsupported architecture {self.architecture!r}; "

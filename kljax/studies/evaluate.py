@@ -170,32 +170,21 @@ def load_model(config: ml_collections.ConfigDict, mesh: Any) -> Any:
     return load_policy(config.model, mesh, seed=int(config.seed))
 
 
-def restore_params(workdir: str | Path, step: int | None = None, mesh: Any = None,
-                   overrides: Sequence[str] = ()) -> tuple[Any, Any, Any, int]:
-    """(params, policy, run config, step) of a `kljax train` WORKDIR's checkpoint (default: the latest).
-
-    `overrides` ("--config.field=value") change WORKDIR/config.json first (e.g. the mesh or dtype).
-    The checkpoint tree is {"train": TrainState, "snapshots": [params] * rl.async_level}; the abstract
-    target comes from `jax.eval_shape`, so nothing but the restored arrays is materialized."""
-    from kljax.train import state as st
-    from kljax.train.checkpoint import RunCheckpointer
-    from kljax.train.config import validate
+def checkpoint_config(workdir: str | Path, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
+    """The run config of a `kljax train` WORKDIR (its config.json, then `overrides`); a UserError for
+    a directory that is no workdir or a run of the toy task (measured exactly, not evaluated)."""
+    from kljax.errors import UserError, read_json
+    from kljax.tasks.toy_optimum import ToyOptimumTask
 
     workdir = Path(workdir)
     config_path = workdir / "config.json"
     if not config_path.exists():
         raise ValueError(f"{workdir} has no config.json: is it a `kljax train` workdir?")
-    from kljax.errors import read_json
-
     raw = read_json(config_path, "run config")
     if not isinstance(raw, dict):
         raise ValueError(f"run config {config_path} holds a {type(raw).__name__}, not a JSON object")
     config = ml_collections.ConfigDict(raw)
-    from kljax.tasks.toy_optimum import ToyOptimumTask
-
     if config.get("task", {}).get("name") == ToyOptimumTask.name:
-        from kljax.errors import UserError
-
         raise UserError(f"{workdir} is a run of the toy task {ToyOptimumTask.name!r}, measured exactly: its "
                         "metrics.jsonl holds exact/gap, exact/J, ... at every step (exact_before.json at pi_ref) "
                         f"and `kljax plot-run {workdir}` draws them; eval, generate and export take runs of "
@@ -204,10 +193,29 @@ def restore_params(workdir: str | Path, step: int | None = None, mesh: Any = Non
         from kljax.train.config import apply_overrides
 
         config = apply_overrides(config, list(overrides))
+    return config
+
+
+def restore_params(workdir: str | Path, step: int | None = None, mesh: Any = None,
+                   overrides: Sequence[str] = ()) -> tuple[Any, Any, Any, int]:
+    """(params, policy, run config, step) of a `kljax train` WORKDIR's checkpoint (default: the latest).
+
+    `overrides` ("--config.field=value") change WORKDIR/config.json first (e.g. the mesh or dtype).
+    The checkpoint tree is {"train": TrainState, "snapshots": [params] * rl.async_level}; the abstract
+    target comes from `jax.eval_shape`, so nothing but the restored arrays is materialized. A latest
+    checkpoint that a running job rotates away while it is read is retried with the new latest."""
+    from kljax.train import state as st
+    from kljax.train.checkpoint import RunCheckpointer
+    from kljax.train.checkpoint_shapes import CheckpointGone
+    from kljax.train.config import validate
+
+    workdir = Path(workdir)
+    config = checkpoint_config(workdir, overrides)
     settings = validate(config)
     mesh = mesh if mesh is not None else make_mesh(config)
     policy = load_model(config, mesh)
     ckpt = RunCheckpointer(workdir / "checkpoints", settings.keep_checkpoints)
+    requested = step
     try:
         step = ckpt.latest_step() if step is None else step
         if step is None:
@@ -229,7 +237,14 @@ def restore_params(workdir: str | Path, step: int | None = None, mesh: Any = Non
         n_snap = settings.rl.async_level
         like = {"train": abstract_state, "snapshots": [trained] * n_snap}
         shardings = {"train": state_sh, "snapshots": [trained_sh] * n_snap}
-        restored, meta = ckpt.restore(step, like, shardings)
+        for attempt in range(3):  # the latest, rotated away by a running job while read: the new latest
+            try:
+                restored, meta = ckpt.restore(step, like, shardings)
+                break
+            except CheckpointGone:
+                if requested is not None or attempt == 2 or ckpt.latest_step() is None:
+                    raise
+                step = ckpt.latest_step()
     finally:
         ckpt.close()
     params = restored["train"].params
@@ -318,6 +333,14 @@ def evaluate(policy: Any, params: Any, splits: Sequence[Split], s: EvalSettings,
             results[sp.spec] = {**evaluate_split(policy, params, sp, s, mesh, key, bar),
                                 "domain": domain(sp, train_task)}
     return results
+
+
+def check_memory(splits: Sequence[Split], s: EvalSettings) -> None:
+    """UserError when the examples and completions of `splits` cannot fit in host memory
+    (`kljax.train.memory_check`), before any example is made."""
+    from kljax.train.memory_check import check_eval_fits
+
+    check_eval_fits(sum(_split_size(sp, s) for sp in splits), s.samples)
 
 
 def _split_size(split: Split, s: EvalSettings) -> int:

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kljax.tasks import answers
+from kljax.tasks import answers, file_checks
 from kljax.tasks.base import WRONG, Example, Score, Task
 
 FORMATS = {"jsonl": "json", "parquet": "parquet", "csv": "csv", "hf": None}
@@ -66,11 +66,14 @@ def _read_split_files(fmt: str, files: dict[str, str]) -> dict[str, tuple[str, l
     datasets.disable_progress_bars()
     out = {}
     for split, file in files.items():
-        if not Path(file).is_file():
-            raise ValueError(f"task.path: data file {file!r} does not exist")
+        file_checks.check_readable(file)  # a directory, FIFO or device is named, never read
+        if fmt != "parquet":
+            file_checks.check_utf8(file)
         try:
-            ds = load_dataset(FORMATS[fmt], data_files=str(file), split="train")
+            with file_checks.quiet_datasets():  # a malformed file is reported below, in one line
+                ds = load_dataset(FORMATS[fmt], data_files=str(file), split="train")
         except Exception as e:  # noqa: BLE001 - datasets raises many types for a malformed file
+            file_checks.diagnose(fmt, file)  # names the bad line, row or "no rows" where it can
             raise ValueError(f"{file}: could not be read as {fmt}: {type(e).__name__}: {e}") from None
         out[split] = (str(file), ds.to_list())
     return out

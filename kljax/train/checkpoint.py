@@ -16,7 +16,9 @@ import jax
 import orbax.checkpoint as ocp
 
 from kljax.errors import UserError
+from kljax.io_errors import disk_fault_message, quiet_orbax_threads
 from kljax.train.checkpoint_integrity import PROMISE, damage, write_checksums
+from kljax.train.checkpoint_shapes import CheckpointGone, ConfigMismatch, gone, mismatch
 
 
 def _abstract(tree: Any, shardings: Any) -> Any:
@@ -49,8 +51,15 @@ class RunCheckpointer:
         (`PROMISE`), so the step is never restored without it."""
         meta = {**meta, PROMISE: True}
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
-        self._manager.save(step, args=args, force=True)
-        self._manager.wait_until_finished()
+        try:
+            with quiet_orbax_threads():  # a full or read-only disk: one line below, not orbax's thread logs
+                self._manager.save(step, args=args, force=True)
+                self._manager.wait_until_finished()
+        except Exception as e:
+            message = disk_fault_message(e, f"the checkpoint of step {step} in {self.directory}")
+            if message is None:
+                raise
+            raise UserError(message) from e
         if jax.process_index() == 0:
             write_checksums(self.step_dir(step))
 
@@ -71,8 +80,12 @@ class RunCheckpointer:
                     if damaged:
                         self._set_aside([s for s, _ in damaged])
                     return step, state, meta, damaged
+                except ConfigMismatch:  # the config changed, not the checkpoint: no older one fits either
+                    raise
                 except Exception as e:  # orbax/tensorstore raise many types for damaged files
                     why = f"orbax cannot restore it: {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+            if gone(self.step_dir(step)):  # removed while read (rotated away), not damaged
+                continue
             if strict:
                 raise UserError(f"checkpoint at step {step} in {self.directory} is damaged ({why}); "
                                 "refused by --resume=strict (plain --resume falls back to the newest intact one)")
@@ -99,13 +112,29 @@ class RunCheckpointer:
         restore, is a UserError naming it."""
         if verify:
             why = damage(self.step_dir(step))
-            if why is not None:
-                raise UserError(f"checkpoint at step {step} in {self.directory} is damaged: {why}")
-            try:
-                return self.restore(step, like_state, shardings, verify=False)
-            except Exception as e:  # orbax/tensorstore raise many types for damaged or mismatched files
+            error: Exception | None = None
+            if why is None:
+                try:
+                    return self.restore(step, like_state, shardings, verify=False)
+                except ConfigMismatch:
+                    raise
+                except Exception as e:  # orbax/tensorstore raise many types for damaged or mismatched files
+                    error = e
+            if gone(self.step_dir(step)):  # rotated away by a running job while read: not damage
+                self._manager.reload()
+                raise CheckpointGone(
+                    f"checkpoint at step {step} in {self.directory} was removed while it was read (a running "
+                    f"`kljax train` keeps only its newest checkpoints); steps there now: {self.all_steps()}")
+            if error is not None:
                 raise UserError(f"checkpoint at step {step} in {self.directory} cannot be restored: "
-                                f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
+                                f"{type(error).__name__}: {' '.join(str(error).split())[:300]}") from error
+            raise UserError(f"checkpoint at step {step} in {self.directory} is damaged: {why}")
+        why = mismatch(self.step_dir(step) / "state", like_state)  # before orbax reads an array
+        if why is not None:
+            raise ConfigMismatch(
+                f"the run config does not match the checkpoint at step {step} in {self.directory}: {why}; the "
+                "config (or the workdir's config.json) changed the model or optimizer since it was written: "
+                "restore it, or train in a new --workdir")
         args = ocp.args.Composite(
             state=ocp.args.StandardRestore(_abstract(like_state, shardings)), meta=ocp.args.JsonRestore()
         )

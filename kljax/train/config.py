@@ -186,12 +186,12 @@ def validate(config: ml_collections.ConfigDict) -> RunSettings:
     check_reward_config(config.get("reward", {}))  # reward.weights/timeout_s/on_error, with or without functions
     kl = KLConfig.from_mapping(dict(config.kl))
     rl = _section(config, "rl", RLConfig)
+    for name in ("steps", "checkpoint_every", "keep_checkpoints", "max_nonfinite_steps"):  # before optim's
+        if int(config[name]) < 1:  # total_steps, which defaults to steps
+            raise ValueError(f"config.{name}={config[name]} must be >= 1")
     optim_values = dict(config.optim)
     optim_values.setdefault("total_steps", int(config.steps))
     optim = OptimConfig(**optim_values)
-    for name in ("steps", "checkpoint_every", "keep_checkpoints", "max_nonfinite_steps"):
-        if int(config[name]) < 1:
-            raise ValueError(f"config.{name}={config[name]} must be >= 1")
     source = config.model.source
     if source not in MODEL_SOURCES and not Path(source).is_dir():
         raise ValueError(

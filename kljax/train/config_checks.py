@@ -127,6 +127,11 @@ def check_ranges(config: Any) -> None:
     for name in ("eval_every", "log_samples_every"):
         if name in config and not (isinstance(config[name], int) and config[name] >= 0):
             raise UserError(f"config.{name}={config[name]!r} must be an integer >= 0 (0: off)")
+    if "log_samples_n" in config and not (_is_int(config.log_samples_n) and config.log_samples_n >= 1):
+        raise UserError(f"config.log_samples_n={config.log_samples_n!r} must be an integer >= 1 (prompts logged "
+                        "each time; config.log_samples_every=0 turns logging off)")
+    _check_split_list(config.task.get("eval_splits", ""))
+    _check_tiny_model(config.model)
     from kljax.models.config import DTYPES, REMAT_POLICIES
 
     for name, valid in (("dtype", DTYPES), ("param_dtype", DTYPES), ("remat", REMAT_POLICIES)):
@@ -136,3 +141,37 @@ def check_ranges(config: Any) -> None:
         size = config.mesh.get(axis, 1)
         if isinstance(size, bool) or not isinstance(size, int) or not (size >= 1 or size == -1):
             raise UserError(f"config.mesh.{axis}={size!r} must be a positive integer or -1 (the rest)")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_split_list(value: Any) -> None:
+    """task.eval_splits: "" (no evaluation) or comma-separated split names, none of them empty."""
+    if not isinstance(value, str):
+        return  # check_types names the type
+    if value.strip() and any(not part.strip() for part in value.split(",")):
+        raise UserError(f"config.task.eval_splits={value!r} has an empty split name; give comma-separated split "
+                        "names, e.g. 'test,ood_digits', or '' for the task's own evaluation splits")
+
+
+TINY_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+              "max_position_embeddings")
+
+
+def _check_tiny_model(model: Any) -> None:
+    """config.model.tiny's sizes: positive integers, num_heads a multiple of num_kv_heads."""
+    tiny = model.get("tiny") if hasattr(model, "get") else None
+    if tiny is None:
+        return
+    for name in TINY_SIZES:
+        if name in tiny and not (_is_int(tiny[name]) and tiny[name] >= 1):
+            raise UserError(f"config.model.tiny.{name}={tiny[name]!r} must be an integer >= 1")
+    heads, kv = tiny.get("num_heads"), tiny.get("num_kv_heads")
+    if _is_int(heads) and _is_int(kv) and heads % kv:
+        raise UserError(f"config.model.tiny.num_heads={heads} must be a multiple of "
+                        f"config.model.tiny.num_kv_heads={kv}")
+    std = tiny.get("init_std")
+    if std is not None:
+        _number("config.model.tiny.init_std", std, 0, low_open=True)

@@ -12,6 +12,7 @@ Sources (config.model.source):
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -74,11 +75,16 @@ def _task_tokenizer(section: ml_collections.ConfigDict, task: Any) -> Any:
     return tokenizer
 
 
-def load_policy(section: ml_collections.ConfigDict, mesh: Any, seed: int = 0, task: Any = None) -> Policy:
-    """Model, sharded params and tokenizer for config.model (and the task, when it brings its tokenizer)."""
+def load_policy(section: ml_collections.ConfigDict, mesh: Any, seed: int = 0, task: Any = None,
+                before_weights: Callable[[Any, Any], None] | None = None) -> Policy:
+    """Model, sharded params and tokenizer for config.model (and the task, when it brings its tokenizer).
+    `before_weights(model, tokenizer)` runs once both are known, before a weight is made, read or compiled
+    (the trainer checks its data and sizes there)."""
     task_tokenizer = _task_tokenizer(section, task)
+    check = before_weights or (lambda model, tokenizer: None)
     if section.source == "tabular":
         model = task.tabular_policy()
+        check(model, task_tokenizer)
         replicated = shd.replicated(mesh)
         init = jax.jit(lambda: model.init_params(jax.random.PRNGKey(seed), scale=float(section.tabular.init_scale)),
                        out_shardings=replicated)
@@ -89,6 +95,7 @@ def load_policy(section: ml_collections.ConfigDict, mesh: Any, seed: int = 0, ta
     if section.source == "tiny":
         tokenizer = task_tokenizer or CharTokenizer()
         model = tiny_model_config(section, tokenizer.vocab_size, tokenizer.eos_token_id, tokenizer.pad_token_id)
+        check(model, tokenizer)
         shardings = shd.logical_to_sharding(tfm.logical_axes(model), tfm.param_shapes(model), mesh)
         init = jax.jit(lambda: tfm.init_params(model, jax.random.PRNGKey(seed), std=float(section.tiny.init_std)),
                        out_shardings=shardings)
@@ -106,6 +113,7 @@ def load_policy(section: ml_collections.ConfigDict, mesh: Any, seed: int = 0, ta
     model = check_hf_dir(model_dir, **_runtime(section))  # names and shapes, before reading a weight
     tokenizer = load_hf_tokenizer(model_dir)
     check_vocab(model, len(tokenizer))
+    check(model, tokenizer)
     params, model = load_hf_checkpoint(model_dir, mesh=mesh, **_runtime(section))
     shardings = shd.logical_to_sharding(tfm.logical_axes(model), tfm.param_shapes(model), mesh)
     stop = set(model.eos_token_ids)

@@ -36,6 +36,7 @@ import ml_collections
 from tqdm.auto import tqdm
 
 from kljax.errors import UserError
+from kljax.io_errors import disk_fault_message
 from kljax.models.config import ModelConfig
 from kljax.models.policy_api import frozen_copy
 from kljax.parallel import distributed
@@ -48,6 +49,7 @@ from kljax.train import state as st
 from kljax.train.checkpoint import RunCheckpointer
 from kljax.train.config import RunSettings, check_against_model, validate
 from kljax.train.evaluate_loop import evaluate_splits
+from kljax.train.memory_check import check_train_fits
 from kljax.train.metrics import MetricsWriter, to_python
 from kljax.train.owned_paths import claim_run_dir
 from kljax.train.policy import Policy, load_policy
@@ -169,18 +171,22 @@ def build(settings: RunSettings, reward_funcs: Sequence[Any] | None = None) -> t
     functions = RewardSet.from_config(settings.raw, task, reward_funcs)  # signatures bound before the model loads
     rl = settings.rl
     task.check_run_settings(rl.max_prompt_len, rl.max_new_tokens, str(settings.raw.task.prompt_format))
-    policy = load_policy(settings.raw.model, mesh, seed=settings.seed, task=task)
-    transformer = isinstance(policy.model, ModelConfig)
-    distributed.check_mesh(mesh_shape, jax.device_count(), settings.rl, policy.model if transformer else None)
     num_shards = mesh.shape["data"] * mesh.shape["fsdp"]
-    max_positions = policy.model.max_position_embeddings if transformer else rl.max_prompt_len + rl.max_new_tokens
-    check_against_model(settings, max_positions, num_shards)
-    dropped = check_prompts(task, settings.raw, policy.tokenizer,  # every file row, before anything compiles
-                            context=max_positions)
-    if any(dropped.values()) and distributed.is_main_process():
-        print(f"kljax train: dropped prompts longer than rl.max_prompt_len={settings.rl.max_prompt_len}: "
-              + ", ".join(f"{n} of split {s!r}" for s, n in dropped.items() if n), flush=True)
-    run_stops(rl.stop, policy.tokenizer, policy.model)  # rl.stop: an id past the vocabulary, a string no token writes
+
+    def before_weights(model: Any, tokenizer: Any) -> None:  # the data and sizes, before anything compiles
+        transformer = isinstance(model, ModelConfig)
+        distributed.check_mesh(mesh_shape, jax.device_count(), settings.rl, model if transformer else None)
+        max_positions = model.max_position_embeddings if transformer else rl.max_prompt_len + rl.max_new_tokens
+        check_against_model(settings, max_positions, num_shards)
+        dropped = check_prompts(task, settings.raw, tokenizer, context=max_positions)  # every file row
+        if any(dropped.values()) and distributed.is_main_process():
+            print(f"kljax train: dropped prompts longer than rl.max_prompt_len={settings.rl.max_prompt_len}: "
+                  + ", ".join(f"{n} of split {s!r}" for s, n in dropped.items() if n), flush=True)
+        check_train_fits(model, rl)  # a lower bound on the memory, against what the machine has
+        run_stops(rl.stop, tokenizer, model)  # rl.stop: an id past the vocabulary, a string no token writes
+
+    policy = load_policy(settings.raw.model, mesh, seed=settings.seed, task=task, before_weights=before_weights)
+    transformer = isinstance(policy.model, ModelConfig)
     reward = reward_from_config(settings.raw, task, mesh, policy, functions)
     tx = st.make_optimizer(settings.optim)
     # Two copies of the weights, not three: the state gets its own copy (donated to and updated by
@@ -468,6 +474,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, resume: bool |
     mode = "latest" if resume is True else (resume or None)
     if mode not in (None, *RESUME_MODES):
         raise UserError(f"--resume={resume!r} is not valid; choose one of {list(RESUME_MODES)} (or plain --resume)")
+    if stop_after is not None and (isinstance(stop_after, bool) or not isinstance(stop_after, int) or stop_after < 1):
+        raise UserError(f"--stop-after={stop_after!r} must be an integer >= 1 (steps to run in this invocation)")
     validate(config)  # a bad config creates no workdir
     check_report_to(config)  # a W&B / MLflow tracker that is not installed: one line, before anything loads
     Path(workdir).mkdir(parents=True, exist_ok=True)
@@ -477,6 +485,11 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, resume: bool |
             return _train(config, workdir, mode, progress=progress, stop_after=stop_after, reward_funcs=reward_funcs)
     except KeyboardInterrupt:
         raise KeyboardInterrupt(interrupts.stopped_message(workdir)) from None
+    except OSError as e:  # a full or read-only disk: one line naming the workdir when the error names no file
+        message = disk_fault_message(e, None if e.filename else f"the run's files in {workdir}")
+        if message is None:
+            raise
+        raise UserError(message) from e
     finally:
         if lock is not None:
             lock.release()

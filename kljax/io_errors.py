@@ -1,0 +1,116 @@
+"""Faults of the disk a command writes to (read-only, full, no permission) as one line naming the path.
+
+`kljax.cli.main` turns any exception whose chain holds such a fault into `kljax CMD: error: cannot
+write PATH: the file system is read-only (errno 30, EROFS); ...` instead of a traceback; orbax and
+tensorstore report the same faults as ValueError text ("Failed to write ... No space left on device
+[os_error_code='28']"), recognized here too. `quiet_orbax_threads()` keeps orbax's writer threads
+from logging their own tracebacks of a fault that the main thread reports anyway.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+REASONS: dict[int, tuple[str, str]] = {  # errno -> (what it means, what to do)
+    errno.EROFS: ("the file system is read-only", "give a writable location"),
+    errno.ENOSPC: ("no space is left on the device", "free space there or give another location"),
+    errno.EDQUOT: ("the disk quota is exceeded", "free space there or give another location"),
+    errno.EFBIG: ("the file is too large for the file system", "give another location"),
+    errno.EACCES: ("permission denied", "give a location you may write to"),
+    errno.EPERM: ("the operation is not permitted", "give a location you may write to"),
+}
+# tensorstore's text for an OS error (orbax raises it as a ValueError), and the file it names
+_TS_CODE = re.compile(r"os_error_code='(\d+)'")
+_TS_FILE = re.compile(r'(?:local file|Failed writing:?|writing) "([^"]+)"')
+_TEXT = {"No space left on device": errno.ENOSPC, "Read-only file system": errno.EROFS,
+         "Disk quota exceeded": errno.EDQUOT, "Permission denied": errno.EACCES}
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen and len(seen) < 16:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def _from_text(text: str) -> tuple[int, str | None] | None:
+    match = _TS_CODE.search(text)
+    code = int(match.group(1)) if match else next((c for t, c in _TEXT.items() if t in text), None)
+    if code not in REASONS:
+        return None
+    file = _TS_FILE.search(text)
+    return code, file.group(1) if file else None
+
+
+def disk_fault(error: BaseException) -> tuple[int, str | None] | None:
+    """(errno, path or None) of the first write fault (read-only, full, quota, permission) in the
+    exception chain of `error`, else None."""
+    for e in _chain(error):
+        if isinstance(e, OSError) and e.errno in REASONS:
+            return e.errno, e.filename if isinstance(e.filename, str) else None
+        if isinstance(e, (ValueError, RuntimeError)):  # orbax / tensorstore wrap the OS error in text
+            found = _from_text(str(e))
+            if found:
+                return found
+    return None
+
+
+def disk_fault_message(error: BaseException, what: str | None = None) -> str | None:
+    """One line for a write fault in `error`'s chain (None if it holds none): `what` was written
+    (default: the path the fault names), what the errno means and what to do."""
+    found = disk_fault(error)
+    if found is None:
+        return None
+    code, path = found
+    reason, todo = REASONS[code]
+    where = what or path or "a file"
+    return f"cannot write {where}: {reason} (errno {code}, {errno.errorcode.get(code, '?')}); {todo}"
+
+
+class _DropThreadTracebacks(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and "raised an exception" in str(record.msg))
+
+
+@contextlib.contextmanager
+def quiet_orbax_threads() -> Iterator[None]:
+    """While active, orbax's writer threads do not log tracebacks of the exceptions they raise
+    (`_SignalingThread.run() raised an exception`): the caller gets the exception and reports it."""
+    logger = logging.getLogger("absl")
+    dropper = _DropThreadTracebacks()
+    logger.addFilter(dropper)
+    try:
+        yield
+    finally:
+        logger.removeFilter(dropper)
+
+
+def check_writable(path: str | os.PathLike, what: str) -> None:
+    """UserError when `path` could not be written: its nearest existing directory is on a read-only
+    file system or not writable (checked with access(2), which reports EROFS even for root)."""
+    from kljax.errors import UserError
+
+    target = Path(path)
+    directory = target if target.is_dir() else target.parent
+    while not directory.exists() and directory != directory.parent:
+        directory = directory.parent
+    if not directory.is_dir():
+        raise UserError(f"{what} {path}: {directory} is not a directory")
+    if os.access(directory, os.W_OK):
+        return
+    try:  # access() says no: ask the file system why
+        os.statvfs(directory)
+        read_only = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    code = errno.EROFS if read_only else errno.EACCES
+    reason, todo = REASONS[code]
+    raise UserError(f"{what} {path}: cannot write in {directory}: {reason} (errno {code}, "
+                    f"{errno.errorcode[code]}); {todo}")
