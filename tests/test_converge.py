@@ -148,3 +148,15 @@ def test_cli_quick_reduced_writes_rows_and_report(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "k9-reward" in err and "k1-reward" in err
     assert main(["converge-study", "--betas", "0", "--no-progress"]) == 2
+
+
+def test_no_kl_rows_are_not_unbiased_for_j(tmp_path, capsys):
+    """A row without a KL term follows grad E[R], not grad J = E[R] - beta KL_seq: --json says so (#38)."""
+    rows_path = tmp_path / "rows.json"
+    assert main(["converge-study", "--quick", "--presets", "none,k1-reward", "--betas", "0.3", "--async-levels", "0",
+                 "--steps", "2", "--fixed-point-iters", "0", "--out", str(tmp_path / "s"), "--json", str(rows_path),
+                 "--no-progress"]) == 0
+    rows = {r["preset"]: r for r in json.loads(rows_path.read_text())}
+    assert (rows["none"]["unbiased"], rows["none"]["verdict"]) == (False, "no KL")
+    assert rows["k1-reward"]["unbiased"] and rows["k1-reward"]["verdict"] == "scaled"
+    capsys.readouterr()

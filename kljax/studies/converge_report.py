@@ -108,9 +108,9 @@ def render(meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
         "",
         f"- Where a row ended: {meta['converged_rule']}.",
         f"- Unstable: {meta['unstable_rule']}.",
-        "- verdict: `describe_objective` of the run's objective (unbiased / scaled: the expected update is a "
-        "positive multiple of grad J; for 'none' J = E[R], with no KL term: its gap is measured against the beta's "
-        "pi* all the same).",
+        "- verdict: `describe_objective` of the run's objective for J = E[R] - beta KL_seq at the row's beta "
+        "(unbiased / scaled: the expected update is a positive multiple of grad J). 'no KL' rows follow grad E[R], "
+        "not grad J: not unbiased for the J whose gap is measured (against the beta's pi* all the same).",
         "",
         "## Where the rows ended",
         "",

@@ -157,7 +157,10 @@ def run_study(cfg: StudyConfig, progress: Callable[[str], None] | None = None) -
                 initial, final = float(gap[0].mean()), float(gap[-1].mean())
                 rows.append({
                     "name": row_name, "preset": name, "async_level": level, "beta": float(beta),
-                    "unbiased": bool(info.unbiased), "verdict": info.verdict,
+                    # unbiased for J = E[R] - beta KL_seq at this beta, which the gap measures; a row with
+                    # no KL term follows grad E[R], not grad J: not unbiased for it (verdict "no KL").
+                    "unbiased": bool(info.unbiased) and kl.placement != "none",
+                    "verdict": info.verdict if kl.placement != "none" else "no KL",
                     "initial_gap": initial, "final_gap_mean": final, "final_gap_std": float(gap[-1].std()),
                     "seeds": int(cfg.seeds), "final_kl_seq_mean": float(m["kl_seq"][-1, i].mean()),
                     "final_reward_mean": float(m["reward"][-1, i].mean()),
