@@ -26,7 +26,8 @@ MESH = {"mesh.data": 1, "mesh.fsdp": 4, "mesh.tensor": 2}
 
 
 def tiny(**overrides):
-    overrides = {**MESH, "eval_examples": 8, "checkpoint_every": 1, **overrides}
+    # three checkpoints kept (the default keeps 2): the fall-back tests damage the newest two
+    overrides = {**MESH, "eval_examples": 8, "checkpoint_every": 1, "keep_checkpoints": 3, **overrides}
     return apply_overrides(load_config("configs/tiny.py"), [f"--config.{k}={v}" for k, v in overrides.items()])
 
 
@@ -121,7 +122,8 @@ def test_flipped_bit_and_truncated_file_fall_back_to_an_intact_checkpoint(tmp_pa
 
 def test_poisoning_learning_rate_leaves_no_non_finite_checkpoint(tmp_path, capsys):
     # 1e39 overflows float32: every update would make the parameters inf or NaN.
-    overrides = {**MESH, "eval_examples": 8, "checkpoint_every": 1, "steps": 3, "optim.learning_rate": 1e39}
+    overrides = {**MESH, "eval_examples": 8, "checkpoint_every": 1, "keep_checkpoints": 3, "steps": 3,
+                 "optim.learning_rate": 1e39}
     code = cli_main(["train", "--config", "configs/tiny.py", "--workdir", str(tmp_path), "--no-progress",
                      *[f"--config.{k}={v}" for k, v in overrides.items()]])
     err = capsys.readouterr().err
