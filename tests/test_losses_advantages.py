@@ -225,6 +225,30 @@ def test_kl_configs_cli_aggregation_and_advantage(capsys):
     assert e.value.code == 2 and "seq-mean-token-sum-norm" in capsys.readouterr().err
 
 
+def test_kl_configs_takes_the_sampler_into_account(capsys):
+    """The policy trained is the tempered one (the verdict holds, stated for it); a truncating sampler
+    (top-p, top-k) or greedy decoding biases every configuration (#38)."""
+    rows = lambda *a: (cli_main(["kl-configs", "--json", *a]), json.loads(capsys.readouterr().out))[1]
+    tempered = {r["name"]: r for r in rows("--temperature", "0.8")}
+    assert tempered["k1-reward"]["verdict"] == "scaled" and "softmax(logits / 0.8)" in tempered["k1-reward"]["gradient"]
+    for flags in (("--top-p", "0.9"), ("--top-k", "20"), ("--temperature", "0")):
+        assert not any(r["unbiased"] for r in rows(*flags)), flags
+    assert cli_main(["kl-configs", "--top-p", "1.5"]) == 2
+    assert "--top-p=1.5" in capsys.readouterr().err
+
+
+def test_shipped_default_run_states_its_tempered_objective():
+    """What `kljax train` prints for configs/default.py (temperature 0.8): 1/32 x grad J of the tempered policy."""
+    from kljax.rl.describe import RunObjective, describe_objective
+    from kljax.train.config import load_config, validate
+
+    settings = validate(load_config())
+    info = describe_objective(RunObjective.from_rl(settings.rl, settings.kl))
+    assert settings.rl.temperature == 0.8 and info.verdict == "scaled" and info.scale == pytest.approx(1 / 32)
+    assert info.gradient == "1/32 x grad J (for the tempered policy: pi = softmax(logits / 0.8) (rl.temperature), " \
+        "pi_ref likewise)"
+
+
 def test_run_objective_warns_when_the_whole_objective_is_biased():
     from kljax.rl.describe import RunObjective
 

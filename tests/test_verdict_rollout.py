@@ -213,7 +213,7 @@ def test_shipped_default_run_verdict_holds_through_the_real_rollout(x64):
     assert "softmax(logits / 0.8)" in info.gradient
     full_run = validate(load_config()).rl
     assert describe_objective(RunObjective.from_rl(full_run, kl)).gradient.startswith(
-        f"1/{full_run.max_new_tokens} x grad J (J of the tempered policy")
+        f"1/{full_run.max_new_tokens} x grad J (for the tempered policy: pi = softmax(logits / 0.8)")
     _check(kl, rl, g2, truth1, updates_per_batch=2)
 
 

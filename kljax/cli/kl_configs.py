@@ -1,5 +1,6 @@
 """`kljax kl-configs`: every KL preset and the expected gradient of the whole objective under the
-run settings given (aggregation, advantage, group size, sampler staleness)."""
+run settings given (aggregation, advantage, group size, sampler staleness, the sampler's temperature
+and truncation: the policy trained is softmax(logits / temperature), `kljax.rl.describe`)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=RLConfig.max_new_tokens,
                         help="rl.max_new_tokens, the seq-mean-token-sum-norm normalizer (default: %(default)s)")
     parser.add_argument("--async-level", type=int, default=0, help="rl.async_level: stale samplers (default: 0)")
+    parser.add_argument("--temperature", type=float, default=RLConfig.temperature,
+                        help="rl.temperature: the policy trained is softmax(logits / T) (default: %(default)s; "
+                             "configs/default.py samples at 0.8)")
+    parser.add_argument("--top-p", type=float, default=RLConfig.top_p, help="rl.top_p (default: %(default)s)")
+    parser.add_argument("--top-k", type=int, default=RLConfig.top_k, help="rl.top_k (default: %(default)s, off)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,16 +39,24 @@ def run(args: argparse.Namespace) -> int:
     for name in ("max_new_tokens", "async_level"):
         if getattr(args, name) < (1 if name == "max_new_tokens" else 0):
             raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)} is out of range")
+    for flag, value, ok, valid in (("--temperature", args.temperature, args.temperature >= 0, ">= 0 (0 = greedy)"),
+                                   ("--top-p", args.top_p, 0 < args.top_p <= 1, "in (0, 1]"),
+                                   ("--top-k", args.top_k, args.top_k >= 0, ">= 0 (0 = off)")):
+        if not ok:
+            raise ValueError(f"{flag}={value} must be {valid}")
     objective = RunObjective(KLConfig(), args.aggregation, args.advantage, args.group_size,
-                             async_level=args.async_level, max_new_tokens=args.max_new_tokens)
+                             async_level=args.async_level, max_new_tokens=args.max_new_tokens,
+                             temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     rows = table_rows(objective)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     width = max(len(r["name"]) for r in rows)
     print(f"objective: loss_aggregation={args.aggregation}, advantage={args.advantage}, group_size={args.group_size}, "
-          f"max_new_tokens={args.max_new_tokens}, async_level={args.async_level}")
-    print("J = E[R] - beta KL_seq; 'gradient' is E[-grad loss], the direction the trainer moves in on average")
+          f"max_new_tokens={args.max_new_tokens}, async_level={args.async_level}, temperature={args.temperature}, "
+          f"top_p={args.top_p}, top_k={args.top_k}")
+    print(f"J = E[R] - beta KL_seq of the policy trained, {objective.policy}; 'gradient' is E[-grad loss], the "
+          "direction the trainer moves in on average")
     print(f"{'name':<{width}}  verdict   expected gradient of the whole objective")
     for r in rows:
         print(f"{r['name']:<{width}}  {r['verdict']:<8}  {r['gradient']}")

@@ -210,7 +210,7 @@ def describe_objective(run: RunObjective) -> ObjectiveDescription:
         gradient = target if verdict == "unbiased" else f"{scale_text} x {target}"
     warning = None
     if run.temperature not in (0.0, 1.0):
-        gradient += f" (J of the tempered policy: {run.policy})"
+        gradient += f" (for the tempered policy: {run.policy})"
         name += f" / T {run.temperature:g}"
     if run.truncation:
         name += f" / {run.truncation}"
