@@ -116,7 +116,7 @@ def test_score_time_includes_the_asynchronous_scoring(monkeypatch):
     ({"temperature": 0.0}, {}, True),  # greedy: the sampler reports pi's own log-probs
     ({"reuse_sampler_logprobs": False}, {}, False),
     ({"async_level": 1}, {}, False),  # stale sampler parameters
-    ({"temperature": 0.7}, {}, False),
+    ({"temperature": 0.7}, {}, True),  # the policy trained is the tempered one: the sampler draws from it
     ({"top_k": 5}, {}, False),
     ({"top_p": 0.9}, {}, False),
     ({}, {"estimator": "full", "placement": "loss"}, False),  # needs the policy's hidden states
@@ -135,7 +135,8 @@ def test_sampler_is_policy_only_when_the_sampler_draws_from_pi(rl, kl, reused):
 
 
 @pytest.mark.parametrize("kl", [{"kl.estimator": "k1", "kl.placement": "reward"},
-                                {"kl.estimator": "k3", "kl.placement": "both"}])
+                                {"kl.estimator": "k3", "kl.placement": "both"},
+                                {"kl.estimator": "k1", "kl.placement": "reward", "rl.temperature": 0.7}])
 def test_reusing_the_samplers_logprobs_equals_rescoring(kl):
     """On-policy, the iteration that takes log pi and the entropy from the sampler (no policy forward
     in scoring: its score function returns the reference's log-probs only) logs the same KL and
@@ -163,7 +164,8 @@ def test_reusing_the_samplers_logprobs_equals_rescoring(kl):
     ({}, False),  # float32, temperature 1: the sampler's log-probs are pi's
     ({"model.dtype": "bfloat16"}, True),  # 16-bit: no reuse, and nothing before the update needs log pi
     ({"rl.reuse_sampler_logprobs": False}, True),
-    ({"rl.temperature": 0.7}, True),
+    ({"rl.temperature": 0.7}, False),  # the tempered sampler is the policy: its log-probs are reused
+    ({"rl.top_p": 0.9}, True),
     ({"model.dtype": "bfloat16", "kl.placement": "reward", "kl.estimator": "k1"}, False),  # the penalty needs it
     ({"model.dtype": "bfloat16", "kl.placement": "both"}, False),
     ({"model.dtype": "bfloat16", "rl.updates_per_batch": 2}, False),  # later updates run at moved params
