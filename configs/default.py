@@ -27,7 +27,9 @@ def get_config():
     c.rl.prompts_per_step = 4
     c.rl.max_prompt_len = 64
     c.rl.max_new_tokens = 32
-    c.rl.temperature = 0.8  # the paper uses 1.0; at 135M on CPU, 1.0 finds a right answer too rarely to learn from
+    # The paper uses 1.0; at 135M on CPU, 1.0 finds a right answer too rarely to learn from. The policy trained
+    # is the tempered one, softmax(logits / 0.8), its KL to pi_ref at the same temperature (as TRL and verl).
+    c.rl.temperature = 0.8
     c.rl.loss_aggregation = "seq-mean-token-sum-norm"  # a constant normalizer: the gradient is grad J / 32
     c.optim.learning_rate = 1e-5
     return c
