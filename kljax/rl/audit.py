@@ -104,7 +104,7 @@ def _trl_grpo(v: dict[str, Any], notes: _Notes) -> RunObjective:
             text += ("; use_bias_correction_kl weighs the KL by that sequence ratio, whose gradient spreads over the "
                      "sequence's tokens (docs/audit.md: relative difference 1e-3-6e-3 on-policy)")
         if stale:
-            notes.approx(text + "; the stale updates of num_iterations > 1 differ (docs/audit.md: cosine 0.84-0.92 "
+            notes.approx(text + "; the stale updates of num_iterations > 1 differ (docs/audit.md: cosine 0.87-0.92 "
                          "on the stale reference input)")
         elif weighted_kl:
             notes.approx(text)
@@ -126,11 +126,11 @@ def _trl_rloo(v: dict[str, Any], notes: _Notes) -> RunObjective:
     if v["normalize_advantages"]:
         advantage = "grpo"
         notes.approx("normalize_advantages=True whitens the RLOO advantages over the whole batch; kljax's nearest is "
-                     "grpo's group std (sample-dependent either way: biased)")
+                     "grpo's group std (sample-dependent either way: biased; docs/audit.md: cosine 0.75)")
     if v["num_iterations"] > 1:
         notes.approx("TRL RLOO clips one sequence-level ratio exp(sum_t log-ratio) and averages over sequences; "
                      "kljax clips per token: the same gradient on the first update (on-policy), different on the "
-                     "stale ones (num_iterations > 1; docs/audit.md)")
+                     "stale ones (num_iterations > 1; docs/audit.md: cosine 0.88 on the stale reference input)")
     else:
         notes.append("TRL RLOO clips one sequence-level ratio; with num_iterations=1 every update is on-policy, "
                      "where that is seq-mean-token-sum's gradient")
