@@ -24,8 +24,14 @@ def test_check_prints_max_abs_diff_last_and_exits_zero(llama_dir, capsys):
 
 
 def test_check_exits_nonzero_above_tolerance(llama_dir, capsys):
-    assert main(["convert", "--check", "--model", str(llama_dir), "--tolerance=-1"]) == 1
+    # float32 JAX against float32 torch differ by ~1e-6, so 1e-12 is exceeded
+    assert main(["convert", "--check", "--model", str(llama_dir), "--tolerance=1e-12"]) == 1
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("max_abs_diff=")
+
+
+def test_negative_tolerance_is_refused_in_one_line(llama_dir, capsys):
+    assert main(["convert", "--check", "--model", str(llama_dir), "--tolerance=-1"]) == 2
+    assert "--tolerance=-1 must be a finite number >= 0" in capsys.readouterr().err
 
 
 def test_convert_to_orbax_and_export_back_loads_in_transformers(llama_dir, tmp_path, capsys):

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json and Path(args.json).is_dir():
         raise ValueError(f"--json {args.json} is a directory; give a file path")
     if args.json:
-        from kljax.io_errors import check_writable
+        from kljax.train.io_errors import check_writable
 
         check_writable(args.json, "--json")  # before the evaluation, not after it
     enable_compilation_cache()
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
             Path(args.json).write_text(dumps(payload, indent=2))  # strict JSON: null, never NaN
         except OSError as e:  # a full or read-only disk: name the file (a failed write() names none)
             from kljax.errors import UserError
-            from kljax.io_errors import disk_fault_message
+            from kljax.train.io_errors import disk_fault_message
 
             message = disk_fault_message(e, f"--json {args.json}")
             if message is None:

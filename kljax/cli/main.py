@@ -103,8 +103,8 @@ def run_command(module: object, args: argparse.Namespace) -> int:
     `kljax COMMAND: error: MESSAGE` to stderr and returns 2 (Ctrl-C: one line, 130), or is re-raised
     with `--debug`."""
     from kljax.errors import USER_ERRORS, UserError, one_line
-    from kljax.io_errors import disk_fault_message
     from kljax.train.interrupts import check, reported, sticky_sigint
+    from kljax.train.io_errors import disk_fault_message
 
     try:
         with sticky_sigint():  # a Ctrl-C is never lost (see kljax.train.interrupts)

@@ -59,7 +59,7 @@ def plot_run(workdir: str | Path, keys: tuple[str, ...] = DEFAULT_KEYS, out: str
         fig.savefig(out, dpi=100, format="png")
     except OSError as e:  # a full or read-only disk: name the file (a failed write() names none)
         from kljax.errors import UserError
-        from kljax.io_errors import disk_fault_message
+        from kljax.train.io_errors import disk_fault_message
 
         message = disk_fault_message(e, str(out))
         if message is None:

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, "debug", False):
             raise
         from kljax.errors import UserError
-        from kljax.io_errors import disk_fault_message
+        from kljax.train.io_errors import disk_fault_message
 
         print(f"kljax train: error: {(not isinstance(e, UserError) and disk_fault_message(e)) or e}",
               file=sys.stderr)

@@ -16,9 +16,9 @@ import jax
 import orbax.checkpoint as ocp
 
 from kljax.errors import UserError
-from kljax.io_errors import disk_fault_message, quiet_orbax_threads
 from kljax.train.checkpoint_integrity import PROMISE, damage, write_checksums
 from kljax.train.checkpoint_shapes import CheckpointGone, ConfigMismatch, gone, mismatch
+from kljax.train.io_errors import disk_fault_message, drop_abandoned_write_callbacks, quiet_orbax_threads
 
 
 def _abstract(tree: Any, shardings: Any) -> Any:
@@ -59,6 +59,7 @@ class RunCheckpointer:
             message = disk_fault_message(e, f"the checkpoint of step {step} in {self.directory}")
             if message is None:
                 raise
+            drop_abandoned_write_callbacks()  # tensorstore writes still in flight end after the loop closed
             raise UserError(message) from e
         if jax.process_index() == 0:
             write_checksums(self.step_dir(step))

@@ -36,7 +36,6 @@ import ml_collections
 from tqdm.auto import tqdm
 
 from kljax.errors import UserError
-from kljax.io_errors import disk_fault_message
 from kljax.models.config import ModelConfig
 from kljax.models.policy_api import frozen_copy
 from kljax.parallel import distributed
@@ -49,6 +48,7 @@ from kljax.train import state as st
 from kljax.train.checkpoint import RunCheckpointer
 from kljax.train.config import RunSettings, check_against_model, validate
 from kljax.train.evaluate_loop import evaluate_splits
+from kljax.train.io_errors import disk_fault_message
 from kljax.train.memory_check import check_train_fits
 from kljax.train.metrics import MetricsWriter, to_python
 from kljax.train.owned_paths import claim_run_dir

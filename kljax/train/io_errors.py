@@ -79,17 +79,44 @@ class _DropThreadTracebacks(logging.Filter):
         return not (record.exc_info and "raised an exception" in str(record.msg))
 
 
+class _DropClosedLoopCallbacks(logging.Filter):
+    """concurrent.futures' "exception calling callback" records whose exception is asyncio's
+    "Event loop is closed": a tensorstore write abandoned by a failed save finishing after orbax's
+    event loop closed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed")
+
+
+_CLOSED_LOOP_FILTER = _DropClosedLoopCallbacks()
+
+
+def drop_abandoned_write_callbacks() -> None:
+    """From now on, writes that a failed checkpoint save abandoned log nothing when they finish
+    (idempotent; other exceptions of concurrent.futures' callbacks are still logged)."""
+    logger = logging.getLogger("concurrent.futures")
+    if _CLOSED_LOOP_FILTER not in logger.filters:
+        logger.addFilter(_CLOSED_LOOP_FILTER)
+
+
 @contextlib.contextmanager
 def quiet_orbax_threads() -> Iterator[None]:
     """While active, orbax's writer threads do not log tracebacks of the exceptions they raise
-    (`_SignalingThread.run() raised an exception`): the caller gets the exception and reports it."""
-    logger = logging.getLogger("absl")
+    (`_SignalingThread.run() raised an exception`, and their futures' "Event loop is closed"): the
+    caller gets the exception and reports it."""
+    logger, futures = logging.getLogger("absl"), logging.getLogger("concurrent.futures")
     dropper = _DropThreadTracebacks()
     logger.addFilter(dropper)
+    added = _CLOSED_LOOP_FILTER not in futures.filters
+    if added:
+        futures.addFilter(_CLOSED_LOOP_FILTER)
     try:
         yield
     finally:
         logger.removeFilter(dropper)
+        if added:
+            futures.removeFilter(_CLOSED_LOOP_FILTER)
 
 
 def check_writable(path: str | os.PathLike, what: str) -> None:
