@@ -13,7 +13,8 @@ value or one beyond float32's range is an error: with reward.on_error="raise" (d
 `RewardFunctionError` (a ValueError) names the function and the example; with "skip" the offending
 sequences score 0 for that function and are counted (`reward/NAME/errors`). When a batched call fails
 as a whole, items are retried alone to find the failing examples (with "raise", up to the first).
-A function that calls sys.exit or is interrupted stops the run with one line naming it.
+A function that calls sys.exit or os._exit, closes the run's file descriptors or is interrupted stops
+the run with one line naming it (`kljax.train.reward_guard`).
 
 With reward.timeout_s set, the user's functions run in a `VerifierPool` of worker processes with that
 time limit per call, their module imported there, within the limit too (their code then cannot hang,
@@ -40,6 +41,7 @@ from kljax.tasks import reward_functions as rf
 from kljax.tasks.base import Example, Task
 from kljax.tasks.pool import NOT_RUN, Outcome, VerifierPool
 from kljax.tasks.rewards import score_batch
+from kljax.train.reward_guard import in_process_guard
 
 ON_ERROR = ("raise", "skip")
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -314,14 +316,20 @@ class RewardSet:
         out = []
         for kwargs in calls:
             kwargs = {k: v if k in _HOOKS else copy.deepcopy(v) for k, v in kwargs.items()}  # its own copies
+            who = f"reward function {name!r} ({getattr(fn, 'spec', name)})"
+            value, error = None, None
             try:
-                out.append(Outcome(value=rf.call(fn, kwargs)))
+                with in_process_guard(who, active=rf.is_user_code(fn)) as guard:  # os._exit, closed fds, crashes
+                    value = rf.call(fn, kwargs)
             except (SystemExit, KeyboardInterrupt) as e:  # would end the run without a word: say who
                 what = "called sys.exit" if isinstance(e, SystemExit) else "was interrupted (KeyboardInterrupt)"
-                raise RewardFunctionError(f"reward function {name!r} ({getattr(fn, 'spec', name)}) {what}"
-                                          f"{f' ({e})' if str(e) else ''}; the run stops") from None
+                raise RewardFunctionError(f"{who} {what}{f' ({e})' if str(e) else ''}; the run stops") from None
             except Exception as e:  # noqa: BLE001 - reported (or skipped) below, naming the function
-                out.append(Outcome(error=f"{type(e).__name__}: {e}"))
+                error = f"{type(e).__name__}: {e}"
+            if guard.problem:
+                raise RewardFunctionError(f"{who} {guard.problem}; the run stops (with reward.timeout_s reward "
+                                          "functions run in worker processes, where this cannot reach the run)")
+            out.append(Outcome(error=error) if error else Outcome(value=value))
             if stop and _problem(out[-1], 1) is not None:
                 break
         return out
