@@ -91,6 +91,25 @@ def test_tabular_run_logs_exact_metrics_and_closes_the_gap(tmp_path):
     assert summary["exact"]["after"] == pytest.approx(rows[-1]["exact/gap"], rel=1e-6)
 
 
+def test_exact_metrics_are_those_of_the_tempered_policy(tmp_path):
+    """At rl.temperature T the policy trained is softmax(logits / T), pi_ref likewise (#38): the task's
+    rewards, pi* and exact metrics are those of the tabular policy with logits / T (brute force).
+    Failed before: the metrics were computed at temperature 1 whatever rl.temperature was."""
+    temperature = 0.5
+    workdir = tmp_path / "run"
+    summary = train(_config(TABULAR, "steps=2", "checkpoint_every=2", f"rl.temperature={temperature}"), workdir,
+                    progress=False)
+    ref = TabularPolicy(3, 3, 3).init_params(jax.random.PRNGKey(0))
+    tempered = jax.tree.map(lambda x: x / temperature, (ref, summary["params"]))
+    before = json.loads((workdir / "exact_before.json").read_text())
+    for got, want in ((before, _brute_force(tempered[0], tempered[0], 0.1)),
+                      (_rows(workdir)[-1], _brute_force(tempered[1], tempered[0], 0.1))):
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value, rel=2e-4, abs=1e-6), key
+    at_one = _brute_force(ref, ref, 0.1)["exact/gap"]  # what temperature 1 gives: a different number
+    assert abs(before["exact/gap"] - at_one) > 0.01 * at_one
+
+
 def test_one_trainer_step_is_the_convergence_study_iteration(tmp_path):
     """The study's loop (kljax/studies/converge.py) and `kljax train` take the same update: same
     samples for the same key, same parameters after it (the trainer takes log pi from the sampler,

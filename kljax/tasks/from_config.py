@@ -34,8 +34,9 @@ def task_from_config(config: ml_collections.ConfigDict) -> Task:
             raise ValueError(f"config.task.name={name!r} is not valid; choose a task {task_names()} or a data "
                              f"format {sorted(FORMATS)} with config.task.path")
         kwargs = {"data_dir": t.data_dir} if t.get("data_dir") else {}
-        if name == "toy_optimum":  # its options are config.task.toy
+        if name == "toy_optimum":  # its options are config.task.toy; its exact metrics follow rl.temperature
             kwargs = dict(t.get("toy", {}))
+            kwargs["temperature"] = float(config.get("rl", {}).get("temperature", 1.0))
         try:
             task = get_task(name, **kwargs)
         except TypeError:  # generated tasks take no data_dir

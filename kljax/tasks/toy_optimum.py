@@ -12,6 +12,9 @@ pi_ref finds least likely), so the run binds the task to its policy and referenc
 every prompt (means over prompts), with the step's beta:
     exact/gap = beta KL(pi || pi*) = J(pi*) - J(pi),  exact/J,  exact/reward = E_pi[R],
     exact/kl_seq = KL(pi || pi_ref),  exact/kl_opt = KL(pi* || pi),  exact/J_opt = J(pi*).
+pi and pi_ref are the run's policy and reference at rl.temperature T (`temperature`): the policy
+trained is the tempered one, softmax(logits / T) (`RLConfig.policy_temperature`), so the reward
+tables, pi* and every metric are those of the tempered pi and pi_ref.
 Model sources: "tabular" (`TabularPolicy(V, R, P)`) or "tiny" (the tiny transformer over max(V, P) ids).
 """
 
@@ -43,12 +46,29 @@ def symbols(vocab: int, size: int) -> str:
     return "".join(STOP_SYMBOL if i == vocab - 1 else next(letters) for i in range(size))
 
 
+class _Tempered:
+    """`policy` whose teacher-forced log-probs are those of softmax(logits / temperature): the
+    policy a run at rl.temperature trains (what `make_task` and `task_logps` read)."""
+
+    def __init__(self, policy: Any, temperature: float) -> None:
+        self.policy, self.temperature = policy, float(temperature)
+
+    def teacher_forced(self, params: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return self.policy.teacher_forced(params, *args, temperature=self.temperature, **kwargs)
+
+
 class ToyOptimumTask(Task):
     name = "toy_optimum"
     splits = ("train",)
 
-    def __init__(self, shapes: str | Sequence[str] = SHAPES, vocab: int = 3, response_len: int = 3) -> None:
-        """shapes: reward shapes, one prompt each, as a sequence or comma-separated (config.task.toy)."""
+    def __init__(self, shapes: str | Sequence[str] = SHAPES, vocab: int = 3, response_len: int = 3,
+                 temperature: float = 1.0) -> None:
+        """shapes: reward shapes, one prompt each, as a sequence or comma-separated (config.task.toy);
+        temperature: the run's rl.temperature (0, greedy, trains T = 1 as `RLConfig.policy_temperature`)."""
+        temperature = float(temperature)
+        if not temperature >= 0:
+            raise ValueError(f"rl.temperature={temperature} must be >= 0")
+        self.temperature = temperature if temperature > 0 else 1.0
         shapes = tuple(s.strip() for s in shapes.split(",") if s.strip()) if isinstance(shapes, str) else tuple(shapes)
         bad = [s for s in shapes if s not in SHAPES]
         if bad or not shapes:
@@ -96,8 +116,10 @@ class ToyOptimumTask(Task):
             raise ValueError(f"rl.max_prompt_len={max_prompt_len} must be >= 1")
 
     def bind(self, policy: Any, ref_params: Any) -> None:
-        """Build the reward tables against pi_ref (`exact_optimum.make_task`) and the exact metrics."""
-        table = make_task(self.shapes, self.vocab, self.response_len, policy=as_policy(policy), ref_params=ref_params)
+        """Build the reward tables against pi_ref (`exact_optimum.make_task`) and the exact metrics, both
+        for the tempered policy softmax(logits / self.temperature) that the run trains."""
+        tempered = _Tempered(as_policy(policy), self.temperature)
+        table = make_task(self.shapes, self.vocab, self.response_len, policy=tempered, ref_params=ref_params)
         ref_logp_pn = task_logps(table, ref_params)
         rewards_pn = jnp.asarray(table.rewards_pn, jnp.float32)
         self.table = table
