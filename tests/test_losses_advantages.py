@@ -204,6 +204,7 @@ def test_kl_configs_cli_json(capsys):
     assert by_name["k1-reward"]["scale"] == pytest.approx(1 / 32)
     assert by_name["k1-loss"]["kl_gradient"].startswith("zero in expectation")
     assert by_name["k3-loss"]["unbiased"] is False
+    assert by_name["none"]["unbiased"] is False and by_name["none"]["gradient"].endswith("grad E[R]")  # not grad J
     assert cli_main(["kl-configs"]) == 0
     assert "k3-loss" in capsys.readouterr().out
 

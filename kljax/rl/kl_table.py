@@ -54,7 +54,8 @@ def table_rows(run: RunObjective | None = None) -> list[dict]:
                 **settings,
                 "aggregation": run.aggregation,
                 "advantage": run.advantage,
-                "unbiased": info.unbiased,
+                # no KL term follows grad E[R], not grad J of the table's header: not unbiased for it
+                "unbiased": bool(info.unbiased) and config.placement != "none",
                 "verdict": info.verdict,
                 "scale": info.scale,
                 "gradient": info.gradient,
