@@ -117,25 +117,28 @@ def _can_mount() -> bool:
 
 
 @pytest.mark.skipif(not _can_mount(), reason="needs a private mount namespace (unshare -m, mount)")
-def test_real_full_disk_and_read_only_workdir_in_a_mount_namespace(tmp_path):
+def test_real_full_disk_and_read_only_workdir_in_a_mount_namespace(trained, tmp_path):
     """`kljax train` on a 300 KiB tmpfs (orbax's checkpoint writer hits ENOSPC) and on a read-only
-    bind mount: one line each naming where, no orbax thread tracebacks."""
+    bind mount, `kljax export` into it: one line each naming where, no orbax thread tracebacks."""
     small, ro = tmp_path / "small", tmp_path / "ro"
     small.mkdir()
     ro.mkdir()
     train = [sys.executable, "-m", "kljax", "train", *TINY, "--config.steps=2", "--config.checkpoint_every=1"]
     script = (f"mount -t tmpfs -o size=300k tmpfs {small} && mount --bind -o ro {ro} {ro} && "
               f"{' '.join(train)} --workdir {small}/run > {tmp_path}/full.out 2>&1; echo $? > {tmp_path}/full.rc; "
-              f"{' '.join(train)} --workdir {ro}/run > {tmp_path}/ro.out 2>&1; echo $? > {tmp_path}/ro.rc")
+              f"{' '.join(train)} --workdir {ro}/run > {tmp_path}/ro.out 2>&1; echo $? > {tmp_path}/ro.rc; "
+              f"{sys.executable} -m kljax export {trained} --out {ro}/hf > {tmp_path}/export.out 2>&1; "
+              f"echo $? > {tmp_path}/export.rc")
     env = {**os.environ, "KLJAX_HUGEPAGES": "0"}
     subprocess.run(["unshare", "-m", "sh", "-c", script], cwd=ROOT, env=env, timeout=600, check=True)
     for name, expected in (("full", ["cannot write the checkpoint of step 1", "ENOSPC"]),
-                           ("ro", [f"cannot write {ro}/run", "read-only", "EROFS"])):
+                           ("ro", [f"cannot write {ro}/run", "read-only", "EROFS"]),
+                           ("export", [f"--out {ro}/hf: cannot write in {ro}", "read-only", "EROFS"])):
         err = (tmp_path / f"{name}.out").read_text()
         assert (tmp_path / f"{name}.rc").read_text().strip() == "2", err[-3000:]
         assert "Traceback" not in err, err[-3000:]
         errors = [line for line in err.splitlines() if ": error: " in line]
-        assert len(errors) == 1 and errors[0].startswith("kljax train: error: "), err[-3000:]
+        assert len(errors) == 1 and errors[0].startswith(f"kljax {'export' if name == 'export' else 'train'}: error: ")
         for text in expected:
             assert text in errors[0], (text, errors[0])
 

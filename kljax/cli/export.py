@@ -112,9 +112,11 @@ def export_run(workdir: str | Path, out: str | Path, step: int | None = None, dt
 
     from kljax.models.convert import read_hf_config
     from kljax.studies import evaluate as ev
+    from kljax.train.io_errors import check_writable
     from kljax.train.owned_paths import mark, remove_marked
 
     real = _check_out(workdir, Path(out), overwrite)
+    check_writable(real, "--out")  # a read-only or forbidden place: one line naming --out, before reading the run
     params, policy, config, step = ev.restore_params(workdir, step, overrides=overrides or ())
     source = str(config.model.source)
     real.parent.mkdir(parents=True, exist_ok=True)
