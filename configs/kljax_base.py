@@ -35,7 +35,8 @@ def base() -> ml_collections.ConfigDict:
             # jax.nn.dot_product_attention, autodiff everywhere) or "cpu"; the same numbers either way.
             kernels="auto",
             # LoRA adapters (kljax/models/lora.py): rank 0 = full fine-tuning. With rank r, only the
-            # adapters train (the base stays frozen, in param_dtype) and the reference is the base itself.
+            # adapters train (the base stays frozen, one copy, in the compute dtype when that is narrower than
+            # param_dtype) and the reference is the base itself.
             lora=dict(rank=0, alpha=16.0, targets="q,k,v,o,gate,up,down"),
             # Used only by source="tiny":
             tiny=dict(vocab_size=19, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,

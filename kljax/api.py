@@ -333,12 +333,15 @@ class RLTrainer:
         return self.result
 
     def save_pretrained(self, out_dir: str | os.PathLike, *, overwrite: bool = False, step: int | None = None,
-                        dtype: str | None = None) -> Path:
+                        dtype: str | None = None, format: str = "merged") -> Path:  # noqa: A002 - export's name
         """Write the trained policy (the run's latest checkpoint, or `step`) as a Hugging Face checkpoint
-        with its tokenizer (`kljax export`); the directory written."""
+        with its tokenizer (`kljax export`); the directory written. With LoRA adapters, `format="peft"`
+        writes a PEFT adapter directory for the base instead of the merged model."""
         from kljax.cli.export import export_run, is_run_workdir
 
+        if format not in ("merged", "peft"):
+            raise UserError(f"RLTrainer.save_pretrained: format={format!r} is not one of 'merged', 'peft'")
         if not is_run_workdir(self.workdir):
             raise UserError(f"RLTrainer.save_pretrained: {self.workdir} holds no trained run yet; call train() first")
-        written, _ = export_run(self.workdir, out_dir, step=step, dtype=dtype, overwrite=overwrite)
+        written, _ = export_run(self.workdir, out_dir, step=step, dtype=dtype, overwrite=overwrite, fmt=format)
         return written

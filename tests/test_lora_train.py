@@ -104,7 +104,12 @@ def test_export_merged_and_peft_give_the_same_logits(lora_run, tmp_path):
 
     root, base, config, whole, _ = lora_run
     merged_dir, _ = export_run(root / "whole", tmp_path / "merged")
-    peft_dir, _ = export_run(root / "whole", tmp_path / "peft", fmt="peft")
+    import kljax
+
+    run = kljax.RLTrainer(workdir=root / "whole", resume=True)  # the Python API's path to the same export
+    with pytest.raises(UserError, match="format='lora' is not one of 'merged', 'peft'"):
+        run.save_pretrained(tmp_path / "bad", format="lora")
+    peft_dir = run.save_pretrained(tmp_path / "peft", format="peft")
     assert {p.name for p in peft_dir.iterdir()} >= {"adapter_config.json", "adapter_model.safetensors"}
 
     tokens = np.random.default_rng(0).integers(1, 19, size=(2, 6)).astype(np.int32)
