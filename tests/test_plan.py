@@ -114,3 +114,17 @@ def test_cli_plan_mesh_errors(capsys):
     assert "give --devices N" in capsys.readouterr().err
     assert cli_main(["plan", "--config", "configs/tiny.py", "--mesh", "fsdp=8", "--chip", "v5e-64"]) == 2
     assert "has 64 devices but the mesh" in capsys.readouterr().err
+
+
+def test_a_chip_is_planned_with_the_programs_it_runs():
+    """kernels=auto on this CPU host would pick the XLA-CPU kernels; a plan for a GPU/TPU chip compiles
+    the plain-JAX programs that chip runs (it compiled the CPU kernels' before), and says which."""
+    config = load_config("configs/tiny.py")
+    devices = jax.devices("cpu")[:1]
+    on_chip = plan_lib.make_plan(config, (1, 1, 1), devices=devices, chip="h100", programs=("score",))
+    here = plan_lib.make_plan(config, (1, 1, 1), devices=devices, programs=("score",))
+    assert on_chip.dtypes["kernels"] == "plain" and here.dtypes["kernels"] == "cpu"
+    assert "kernels=plain" in plan_lib.format_plan(on_chip)
+    chosen = apply_overrides(config, ["--config.model.kernels=cpu"])  # asked for: kept
+    assert plan_lib.make_plan(chosen, (1, 1, 1), devices=devices, chip="h100", programs=("score",)).dtypes[
+        "kernels"] == "cpu"

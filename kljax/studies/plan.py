@@ -259,6 +259,8 @@ def make_plan(config: ml_collections.ConfigDict, mesh_shape: tuple[int, int, int
     devices = list(jax.devices("cpu") if devices is None else devices)
     want = math.prod(mesh_shape) if -1 not in mesh_shape else len(devices)
     settings, model, name, mesh_shape = check_plan(config, mesh_shape, want)
+    if chip is not None and model.kernels == "auto":  # a TPU/GPU runs plain JAX: plan that program, not
+        model = dataclasses.replace(model, kernels="plain")  # the XLA-CPU kernels this CPU host would pick
     rl = settings.rl
     if want > len(devices):
         raise ValueError(f"the mesh needs {want} devices but this process has {len(devices)}; run `kljax plan`, "
@@ -342,7 +344,8 @@ def make_plan(config: ml_collections.ConfigDict, mesh_shape: tuple[int, int, int
         model=name, num_params=num_params(model), mesh=tuple(mesh_shape),
         shapes={"prompts": b_prompts, "group": g, "sequences": rows, "prompt_len": prompt_len,
                 "new_tokens": resp, "micro_batches": rl.micro_batches, "async_level": rl.async_level},
-        dtypes={"param_dtype": model.param_dtype, "dtype": model.dtype, "remat": model.remat},
+        dtypes={"param_dtype": model.param_dtype, "dtype": model.dtype, "remat": model.remat,
+                "kernels": "cpu" if model.cpu_kernels else "plain"},
         lora=None if not lora_on else {"rank": model.lora.rank, "alpha": model.lora.alpha,
                                        "targets": list(model.lora.targets), "adapter_params": lora.count(model),
                                        "reference_copy_saved": ref_bytes},
@@ -366,7 +369,8 @@ def format_plan(plan: Plan) -> str:
         f"({d * f * t} devices)",
         f"  batch: {s['prompts']} prompts x {s['group']} samples = {s['sequences']} sequences of "
         f"{s['prompt_len']} + {s['new_tokens']} tokens, {s['micro_batches']} micro-batch(es); "
-        f"param_dtype={plan.dtypes['param_dtype']} dtype={plan.dtypes['dtype']} remat={plan.dtypes['remat']}",
+        f"param_dtype={plan.dtypes['param_dtype']} dtype={plan.dtypes['dtype']} remat={plan.dtypes['remat']} "
+        f"kernels={plan.dtypes.get('kernels', '?')}",
         "",
         f"per device ({unit})",
     ]
