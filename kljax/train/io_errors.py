@@ -9,13 +9,16 @@ from logging their own tracebacks of a fault that the main thread reports anyway
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import logging
 import os
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 REASONS: dict[int, tuple[str, str]] = {  # errno -> (what it means, what to do)
     errno.EROFS: ("the file system is read-only", "give a writable location"),
@@ -79,25 +82,72 @@ class _DropThreadTracebacks(logging.Filter):
         return not (record.exc_info and "raised an exception" in str(record.msg))
 
 
+def _echo_of_a_failed_write(error: BaseException | None) -> bool:
+    """Whether `error` is what the writes of a failed save raise in their own threads and tasks: the
+    disk fault itself (reported once by the main thread) or asyncio's "Event loop is closed" (a write
+    abandoned by the failure, finishing after orbax's event loop closed)."""
+    if error is None:
+        return False
+    if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+        return True
+    return disk_fault(error) is not None
+
+
 class _DropClosedLoopCallbacks(logging.Filter):
-    """concurrent.futures' "exception calling callback" records whose exception is asyncio's
-    "Event loop is closed": a tensorstore write abandoned by a failed save finishing after orbax's
-    event loop closed."""
+    """Records of concurrent.futures ("exception calling callback") and asyncio ("Task exception was
+    never retrieved") whose exception echoes a failed write (`_echo_of_a_failed_write`)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        error = record.exc_info[1] if record.exc_info else None
-        return not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed")
+        return not _echo_of_a_failed_write(record.exc_info[1] if record.exc_info else None)
 
 
 _CLOSED_LOOP_FILTER = _DropClosedLoopCallbacks()
+_ECHO_LOGGERS = ("concurrent.futures", "asyncio")
+_threading_excepthook = threading.excepthook  # the hook ours delegates to (the one it replaced)
+
+
+def _quiet_thread_echoes(args: Any) -> None:
+    """threading.excepthook that prints nothing for a thread (orbax's writers) dying of a failed write."""
+    if not _echo_of_a_failed_write(args.exc_value):
+        _threading_excepthook(args)
+
+
+_call_soon_threadsafe = asyncio.BaseEventLoop.call_soon_threadsafe
+_closed_loop_calls_dropped = False  # for good, after a failed save
+
+
+def _unless_closed(loop: asyncio.BaseEventLoop, callback: Any, *args: Any, context: Any = None) -> Any:
+    """call_soon_threadsafe that does nothing on a closed loop (nothing could ever run the callback)
+    instead of raising "Event loop is closed" into tensorstore's C++ thread, which prints it."""
+    if loop.is_closed():
+        return None
+    return _call_soon_threadsafe(loop, callback, *args, context=context)
+
+
+def _drop_closed_loop_calls(on: bool) -> None:
+    """Calls into closed loops and threads dying of a failed write say nothing (on), or as before (off,
+    unless a save has failed)."""
+    quiet = on or _closed_loop_calls_dropped
+    asyncio.BaseEventLoop.call_soon_threadsafe = (  # type: ignore[method-assign]
+        _unless_closed if quiet else _call_soon_threadsafe)
+    global _threading_excepthook
+    if quiet and threading.excepthook is not _quiet_thread_echoes:
+        _threading_excepthook, threading.excepthook = threading.excepthook, _quiet_thread_echoes
+    elif not quiet and threading.excepthook is _quiet_thread_echoes:
+        threading.excepthook = _threading_excepthook
 
 
 def drop_abandoned_write_callbacks() -> None:
-    """From now on, writes that a failed checkpoint save abandoned log nothing when they finish
-    (idempotent; other exceptions of concurrent.futures' callbacks are still logged)."""
-    logger = logging.getLogger("concurrent.futures")
-    if _CLOSED_LOOP_FILTER not in logger.filters:
-        logger.addFilter(_CLOSED_LOOP_FILTER)
+    """From now on, writes that a failed checkpoint save abandoned print nothing when they finish
+    after orbax's event loop closed (idempotent; other exceptions of concurrent.futures' callbacks
+    are still logged): their "Event loop is closed" is dropped, whether it comes through
+    concurrent.futures' logger or from tensorstore's own threads calling into the closed loop."""
+    global _closed_loop_calls_dropped
+    _closed_loop_calls_dropped = True
+    _drop_closed_loop_calls(True)
+    for name in _ECHO_LOGGERS:
+        if _CLOSED_LOOP_FILTER not in logging.getLogger(name).filters:
+            logging.getLogger(name).addFilter(_CLOSED_LOOP_FILTER)
 
 
 @contextlib.contextmanager
@@ -105,18 +155,21 @@ def quiet_orbax_threads() -> Iterator[None]:
     """While active, orbax's writer threads do not log tracebacks of the exceptions they raise
     (`_SignalingThread.run() raised an exception`, and their futures' "Event loop is closed"): the
     caller gets the exception and reports it."""
-    logger, futures = logging.getLogger("absl"), logging.getLogger("concurrent.futures")
+    logger = logging.getLogger("absl")
     dropper = _DropThreadTracebacks()
     logger.addFilter(dropper)
-    added = _CLOSED_LOOP_FILTER not in futures.filters
-    if added:
-        futures.addFilter(_CLOSED_LOOP_FILTER)
+    added = [n for n in _ECHO_LOGGERS if _CLOSED_LOOP_FILTER not in logging.getLogger(n).filters]
+    for name in added:
+        logging.getLogger(name).addFilter(_CLOSED_LOOP_FILTER)
+    _drop_closed_loop_calls(True)
     try:
         yield
     finally:
         logger.removeFilter(dropper)
-        if added:
-            futures.removeFilter(_CLOSED_LOOP_FILTER)
+        _drop_closed_loop_calls(False)  # all kept after a failed save (drop_abandoned_write_callbacks)
+        if not _closed_loop_calls_dropped:
+            for name in added:
+                logging.getLogger(name).removeFilter(_CLOSED_LOOP_FILTER)
 
 
 def check_writable(path: str | os.PathLike, what: str) -> None:
