@@ -47,7 +47,9 @@ recomputed activations and the optimizer's elementwise work are left out:
     scoring   2 N T_seq + 2 H T_gen              the reference's forward over the T_seq real tokens
                                                  of the B * G prompt + completion sequences (on-policy
                                                  the policy's log-probs need no forward of their own)
-    update    6 N T_seq + 6 H T_gen              forward + backward
+    update    6 N T_seq + 6 H T_gen              forward + backward; with LoRA (--lora) 4 N T_seq + 4 H T_gen:
+                                                 the frozen base's weight gradients are never computed
+                                                 (the adapters' rank-r matmuls are left out)
     MFU = model FLOPs / (seconds per iteration * peak), the peak a matmul in the run's dtype measured in the
     kljax process (`common.peak_gflops`) on the same CPUs, or `--peak-gflops`.
 JSON (`--json`): `kljax`, `peer` (seconds per iteration, medians), `ratio` = peer seconds / kljax
@@ -288,14 +290,16 @@ def iteration_prompts(settings: dict[str, Any], tokenizer: Any) -> tuple[Any, st
     return task, fmt, examples, texts
 
 
-def model_flops(n_body: float, n_head: float, prompt_unique: float, generated: float, sequence: float
-                ) -> dict[str, float]:
+def model_flops(n_body: float, n_head: float, prompt_unique: float, generated: float, sequence: float,
+                lora: bool = False) -> dict[str, float]:
     """Model FLOPs of one iteration's phases and their total (formulas in the module docstring);
-    n_body non-embedding parameters, n_head = vocab * hidden, then the token counts P_u, T_gen, T_seq."""
+    n_body non-embedding parameters, n_head = vocab * hidden, then the token counts P_u, T_gen, T_seq;
+    `lora`: only adapters train, so the update skips the base's weight gradients (4 instead of 6)."""
+    update = 4 if lora else 6
     out = {
         "sample": common.sample_flops(n_body, n_head, prompt_unique, generated),
         "score": 2 * n_body * sequence + 2 * n_head * generated,
-        "update": 6 * n_body * sequence + 6 * n_head * generated,
+        "update": update * n_body * sequence + update * n_head * generated,
     }
     out["total"] = sum(out.values())
     return out
@@ -315,7 +319,8 @@ def side_result(splits: list[dict[str, float]], tokens: list[dict[str, float]], 
         "tokens_per_iteration": mean, "completions_per_iteration": mean["completions"],
         "iterations": settings["iterations"], "optimizer_steps": optimizer_steps,
         "non_embedding_params": params[0], "head_params": params[1],
-        "model_flops": model_flops(*params, mean["prompt_unique"], mean["generated"], mean["sequence"]),
+        "model_flops": model_flops(*params, mean["prompt_unique"], mean["generated"], mean["sequence"],
+                                   lora=bool(settings.get("lora_rank", 0))),
         **extra,
     }
 

@@ -34,6 +34,10 @@ def test_bench_rl_lora_trains_the_same_adapters_on_both_sides(tmp_path):
     assert k["trained_params"] == n * 4 * ((d + q_out) + (d + v_out) + (f + d))
     if HAS_PEER:
         assert result["sides"]["peer"]["trained_params"] == k["trained_params"]
+    # MFU counts a LoRA update as forward + backward through activations only: 4 (not 6) FLOPs a weight a token
+    tokens = k["tokens_per_iteration"]
+    expected = 4 * (k["non_embedding_params"] * tokens["sequence"] + k["head_params"] * tokens["generated"])
+    assert abs(k["model_flops"]["update"] - expected) <= 1e-9 * expected
 
 
 def test_bench_rl_rejects_bad_lora_targets(tmp_path, cli_user_error):
