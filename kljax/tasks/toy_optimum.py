@@ -30,6 +30,7 @@ import numpy as np
 from kljax.models.policy_api import as_policy
 from kljax.models.tabular import TabularPolicy, all_responses
 from kljax.models.tokenizers import SymbolTokenizer
+from kljax.sampling.logits import policy_temperature
 from kljax.tasks.base import Example, Score, Task
 from kljax.tasks.exact_optimum import SHAPES, ToyTask, exact_metrics, make_task, task_logps
 
@@ -64,11 +65,11 @@ class ToyOptimumTask(Task):
     def __init__(self, shapes: str | Sequence[str] = SHAPES, vocab: int = 3, response_len: int = 3,
                  temperature: float = 1.0) -> None:
         """shapes: reward shapes, one prompt each, as a sequence or comma-separated (config.task.toy);
-        temperature: the run's rl.temperature (0, greedy, trains T = 1 as `RLConfig.policy_temperature`)."""
+        temperature: the run's rl.temperature (0, greedy, trains T = 1: `sampling.logits.policy_temperature`)."""
         temperature = float(temperature)
         if not temperature >= 0:
             raise ValueError(f"rl.temperature={temperature} must be >= 0")
-        self.temperature = temperature if temperature > 0 else 1.0
+        self.temperature = policy_temperature(temperature)
         shapes = tuple(s.strip() for s in shapes.split(",") if s.strip()) if isinstance(shapes, str) else tuple(shapes)
         bad = [s for s in shapes if s not in SHAPES]
         if bad or not shapes:

@@ -16,6 +16,7 @@ import ml_collections
 from kljax.rl.advantages import METHODS, MIN_GROUP
 from kljax.rl.kl import KLConfig
 from kljax.rl.objective import DEFAULT_AGGREGATION, check_aggregation
+from kljax.sampling.logits import policy_temperature
 from kljax.train.state import OptimConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +65,7 @@ class RLConfig:
         """The temperature of the policy trained: pi = softmax(logits / T), pi_ref likewise, the
         distribution the sampler draws from before any top-k/top-p truncation (as TRL and verl).
         Greedy decoding (temperature 0) reports temperature-1 log-probs: T = 1 there."""
-        return self.temperature if self.temperature > 0 else 1.0
+        return policy_temperature(self.temperature)
 
     def __post_init__(self) -> None:
         if self.advantage not in METHODS:
