@@ -93,7 +93,7 @@ def _echo_of_a_failed_write(error: BaseException | None) -> bool:
     return disk_fault(error) is not None
 
 
-class _DropClosedLoopCallbacks(logging.Filter):
+class _DropWriteEchoes(logging.Filter):
     """Records of concurrent.futures ("exception calling callback") and asyncio ("Task exception was
     never retrieved") whose exception echoes a failed write (`_echo_of_a_failed_write`)."""
 
@@ -101,19 +101,17 @@ class _DropClosedLoopCallbacks(logging.Filter):
         return not _echo_of_a_failed_write(record.exc_info[1] if record.exc_info else None)
 
 
-_CLOSED_LOOP_FILTER = _DropClosedLoopCallbacks()
+_ECHO_FILTER = _DropWriteEchoes()
 _ECHO_LOGGERS = ("concurrent.futures", "asyncio")
 _threading_excepthook = threading.excepthook  # the hook ours delegates to (the one it replaced)
+_call_soon_threadsafe = asyncio.BaseEventLoop.call_soon_threadsafe
+_after_a_failed_save = False  # then the echoes stay quiet for good
 
 
 def _quiet_thread_echoes(args: Any) -> None:
     """threading.excepthook that prints nothing for a thread (orbax's writers) dying of a failed write."""
     if not _echo_of_a_failed_write(args.exc_value):
         _threading_excepthook(args)
-
-
-_call_soon_threadsafe = asyncio.BaseEventLoop.call_soon_threadsafe
-_closed_loop_calls_dropped = False  # for good, after a failed save
 
 
 def _unless_closed(loop: asyncio.BaseEventLoop, callback: Any, *args: Any, context: Any = None) -> Any:
@@ -124,13 +122,18 @@ def _unless_closed(loop: asyncio.BaseEventLoop, callback: Any, *args: Any, conte
     return _call_soon_threadsafe(loop, callback, *args, context=context)
 
 
-def _drop_closed_loop_calls(on: bool) -> None:
-    """Calls into closed loops and threads dying of a failed write say nothing (on), or as before (off,
-    unless a save has failed)."""
-    quiet = on or _closed_loop_calls_dropped
+def _quiet_write_echoes(on: bool) -> None:
+    """The echoes of a failed write print nothing (on) or as before (off, unless a save has failed):
+    the loggers' records, threads dying of it, tensorstore's calls into a closed loop. Idempotent."""
+    global _threading_excepthook
+    quiet = on or _after_a_failed_save
+    for name in _ECHO_LOGGERS:  # addFilter and removeFilter are idempotent
+        if quiet:
+            logging.getLogger(name).addFilter(_ECHO_FILTER)
+        else:
+            logging.getLogger(name).removeFilter(_ECHO_FILTER)
     asyncio.BaseEventLoop.call_soon_threadsafe = (  # type: ignore[method-assign]
         _unless_closed if quiet else _call_soon_threadsafe)
-    global _threading_excepthook
     if quiet and threading.excepthook is not _quiet_thread_echoes:
         _threading_excepthook, threading.excepthook = threading.excepthook, _quiet_thread_echoes
     elif not quiet and threading.excepthook is _quiet_thread_echoes:
@@ -138,38 +141,27 @@ def _drop_closed_loop_calls(on: bool) -> None:
 
 
 def drop_abandoned_write_callbacks() -> None:
-    """From now on, writes that a failed checkpoint save abandoned print nothing when they finish
-    after orbax's event loop closed (idempotent; other exceptions of concurrent.futures' callbacks
-    are still logged): their "Event loop is closed" is dropped, whether it comes through
-    concurrent.futures' logger or from tensorstore's own threads calling into the closed loop."""
-    global _closed_loop_calls_dropped
-    _closed_loop_calls_dropped = True
-    _drop_closed_loop_calls(True)
-    for name in _ECHO_LOGGERS:
-        if _CLOSED_LOOP_FILTER not in logging.getLogger(name).filters:
-            logging.getLogger(name).addFilter(_CLOSED_LOOP_FILTER)
+    """From now on, writes that a failed checkpoint save abandoned print nothing when they end (after
+    orbax's event loop closed, or of the same fault); other errors are still printed."""
+    global _after_a_failed_save
+    _after_a_failed_save = True
+    _quiet_write_echoes(True)
 
 
 @contextlib.contextmanager
 def quiet_orbax_threads() -> Iterator[None]:
     """While active, orbax's writer threads do not log tracebacks of the exceptions they raise
-    (`_SignalingThread.run() raised an exception`, and their futures' "Event loop is closed"): the
-    caller gets the exception and reports it."""
+    (`_SignalingThread.run() raised an exception`), nor echo a failed write: the caller gets the
+    exception and reports it."""
     logger = logging.getLogger("absl")
     dropper = _DropThreadTracebacks()
     logger.addFilter(dropper)
-    added = [n for n in _ECHO_LOGGERS if _CLOSED_LOOP_FILTER not in logging.getLogger(n).filters]
-    for name in added:
-        logging.getLogger(name).addFilter(_CLOSED_LOOP_FILTER)
-    _drop_closed_loop_calls(True)
+    _quiet_write_echoes(True)
     try:
         yield
     finally:
         logger.removeFilter(dropper)
-        _drop_closed_loop_calls(False)  # all kept after a failed save (drop_abandoned_write_callbacks)
-        if not _closed_loop_calls_dropped:
-            for name in added:
-                logging.getLogger(name).removeFilter(_CLOSED_LOOP_FILTER)
+        _quiet_write_echoes(False)  # kept after a failed save (drop_abandoned_write_callbacks)
 
 
 def check_writable(path: str | os.PathLike, what: str) -> None:
