@@ -370,7 +370,7 @@ def format_plan(plan: Plan) -> str:
         f"  batch: {s['prompts']} prompts x {s['group']} samples = {s['sequences']} sequences of "
         f"{s['prompt_len']} + {s['new_tokens']} tokens, {s['micro_batches']} micro-batch(es); "
         f"param_dtype={plan.dtypes['param_dtype']} dtype={plan.dtypes['dtype']} remat={plan.dtypes['remat']} "
-        f"kernels={plan.dtypes.get('kernels', '?')}",
+        f"kernels={plan.dtypes['kernels']}",
         "",
         f"per device ({unit})",
     ]

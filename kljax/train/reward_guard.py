@@ -11,15 +11,15 @@ While the guard is active:
   RLIMIT_NOFILE limit (out of reach of a `closerange(0, 4096)` where the limit is higher); one the
   function closed is restored after it (so the run can still print its error), and a descriptor the
   process holds for good that the function closed is named in `problem` ("closed file descriptors
-  [2, 7]"). Held for good: a standard
-  stream, or one open both after the previous guarded call and before this one (a file another
-  thread opens and closes meanwhile is not the function's doing); at the first call, every one open.
+  [2, 7]"). Held for good: a standard stream, or one open both after the previous guarded call and
+  before this one (a file another thread opens and closes meanwhile is not the function's doing); at
+  the first call, every one open.
 - `faulthandler` writes a fatal error (a segmentation fault in the function's native code, an abort)
   into a pipe read by a small watcher process, started with the first call (`python -I`, nothing
   imported but `re` and `sys`): when the process dies so, the watcher prints one line
   `kljax train: error: the process died of a Segmentation fault in reward function 'f' (r.py:f), run
-  in process (at FILE line N in FN); ...`, instead of nothing (rc 139). The run cannot survive it; reward.timeout_s
-  runs functions in worker processes, where a crash is one error for that function.
+  in process (at FILE line N in FN); ...`, instead of nothing (rc 139). The run cannot survive it;
+  reward.timeout_s runs functions in worker processes, where a crash is one error for that function.
 Descriptors are read from /proc/self/fd (Linux); elsewhere only the standard streams are checked.
 After descriptors were closed the run stops: other threads' and finalizers' errors of the closed
 files (TensorBoard's writer, ...) are then not printed, so the one line naming the function is what

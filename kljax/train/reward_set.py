@@ -314,12 +314,12 @@ class RewardSet:
             budget = 2 * self.timeout_s if len(calls) > 1 else None
             return self._pool_map(rf.call, [(fn, c) for c in calls], stop_on_error=stop, budget_s=budget)
         out = []
+        who, guarded = f"reward function {name!r} ({getattr(fn, 'spec', name)})", rf.is_user_code(fn)
         for kwargs in calls:
             kwargs = {k: v if k in _HOOKS else copy.deepcopy(v) for k, v in kwargs.items()}  # its own copies
-            who = f"reward function {name!r} ({getattr(fn, 'spec', name)})"
             value, error = None, None
             try:
-                with in_process_guard(who, active=rf.is_user_code(fn)) as guard:  # os._exit, closed fds, crashes
+                with in_process_guard(who, active=guarded) as guard:  # os._exit, closed fds, crashes
                     value = rf.call(fn, kwargs)
             except (SystemExit, KeyboardInterrupt) as e:  # would end the run without a word: say who
                 what = "called sys.exit" if isinstance(e, SystemExit) else "was interrupted (KeyboardInterrupt)"
