@@ -10,7 +10,7 @@ side runs a second policy forward pass: TRL takes log pi from its update's own f
 float32 from the sampler, `rl.reuse_sampler_logprobs`, and in bfloat16, where the sampler's and
 teacher-forced log-probs differ by rounding, its update reports the KL metrics from its own
 forward, `kljax.train.rollout.policy_scored_in_update`) -> group advantages -> one AdamW update on the
-B * G completions. kljax runs its real trainer (`trainer.build` for the model, task, optimizer and jitted score/step
+B * G completions. kljax runs its real trainer (`run_build.build` for the model, task, optimizer and jitted score/step
 functions, then `trainer.iteration`, the loop body of `kljax train`, metrics row included) with GRPO
 advantages and k3 in the loss (beta 0.04), the KL of TRL's GRPO; TRL runs `GRPOTrainer.train()` with
 num_generations=G and one generation batch per optimizer step (per_device_train_batch_size = B * G,

@@ -1,4 +1,4 @@
-"""The kljax side of `kljax bench rl` (run in its own process): the real trainer (`trainer.build`,
+"""The kljax side of `kljax bench rl` (run in its own process): the real trainer (`run_build.build`,
 then `trainer.iteration`, the loop body of `kljax train`) configured to match TRL's side, timed per
 iteration with its sample / reward / score / update split and its XLA compile time apart.
 """
@@ -45,7 +45,8 @@ def kljax_side(settings: dict[str, Any]) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from kljax.train.config import validate
-    from kljax.train.trainer import build, host_memory_mb
+    from kljax.train.run_build import build
+    from kljax.train.trainer import host_memory_mb
     from kljax.train.trainer import iteration as trainer_iteration
 
     compiles = common.CompileTimer()

@@ -110,7 +110,7 @@ def make_batch(params: Any, config: Any, b: int, s: int, r: int, seed: int, mesh
 
 class KljaxRLStep:
     """The trainer's `train_step` on one fixed batch: jitted with donated state under a mesh, as
-    `kljax.train.trainer.build` does, and compiled ahead of the first update (`compile()`, which
+    `kljax.train.run_build.build` does, and compiled ahead of the first update (`compile()`, which
     also gives XLA's memory analysis). `step()` does one update and returns its (pre-update) loss
     and gradient norm."""
 

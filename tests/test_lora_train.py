@@ -157,7 +157,8 @@ def test_build_holds_one_base_copy_in_the_compute_dtype_and_trains_only_the_adap
     import jax.numpy as jnp
 
     from kljax.train.config import validate
-    from kljax.train.trainer import build, iteration
+    from kljax.train.run_build import build
+    from kljax.train.trainer import iteration
 
     config = _config(TINY, "model.lora.rank=2", "model.dtype=bfloat16", "model.scan_layers=False",
                      "mesh.fsdp=4", "mesh.tensor=2", "optim.learning_rate=0.05")

@@ -15,7 +15,8 @@ import pytest
 from kljax.rl import advantages as adv
 from kljax.train.config import apply_overrides, load_config, validate
 from kljax.train.metrics import deterministic, read_jsonl
-from kljax.train.trainer import build, iteration, train
+from kljax.train.run_build import build
+from kljax.train.trainer import iteration, train
 
 # The tiny config sharded over the 8 simulated devices: fsdp=4 x tensor=2.
 MESH = {"mesh.data": 1, "mesh.fsdp": 4, "mesh.tensor": 2}
@@ -184,14 +185,14 @@ def test_metrics_from_the_update_equal_those_of_a_policy_scoring_pass(monkeypatc
     """Without the policy's scoring forward (`policy_scored_in_update`: its score function returns
     the reference's log-probs only) the update's own forward reports the KL metrics and entropy:
     the same rows, advantages and update as the iteration that scores the policy first."""
-    from kljax.train import trainer
+    from kljax.train import run_build
 
     config = tiny(**{"kl.estimator": "k3", "kl.placement": "loss", "kl.beta": 0.5, "rl.micro_batches": 2,
                      "rl.reuse_sampler_logprobs": False})
     results = {}
     for in_update in (True, False):
         if not in_update:
-            monkeypatch.setattr(trainer, "policy_scored_in_update", lambda *a: False)
+            monkeypatch.setattr(run_build, "policy_scored_in_update", lambda *a: False)
         run, state, ref_params = build(validate(config))
         beta, rows = float(run.settings.kl.beta), []
         for step in range(2):

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
     from kljax.studies import evaluate as ev
     from kljax.train.config import apply_overrides
-    from kljax.train.trainer import enable_compilation_cache
+    from kljax.train.run_build import enable_compilation_cache
 
     if args.json and Path(args.json).is_dir():
         raise ValueError(f"--json {args.json} is a directory; give a file path")

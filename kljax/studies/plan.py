@@ -272,7 +272,7 @@ def make_plan(config: ml_collections.ConfigDict, mesh_shape: tuple[int, int, int
     frozen = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, model.jnp_frozen_dtype, sharding=x.sharding),
                           params)  # the reference and async snapshots (`tfm.frozen_copy`)
     lora_on = model.lora is not None
-    if lora_on:  # as `trainer.build`: the state trains the adapters; the frozen base is also the reference
+    if lora_on:  # as `run_build.build`: the state trains the adapters; the frozen base is also the reference
         from kljax.models import lora
 
         params = _abstract(lora.adapter_shapes(model), st.adapter_shardings(model, mesh))
@@ -303,7 +303,7 @@ def make_plan(config: ml_collections.ConfigDict, mesh_shape: tuple[int, int, int
     if "train" in programs:
         step_settings = StepSettings(model, settings.kl, rl.loss_aggregation, rl.clip_low, rl.clip_high,
                                      rl.micro_batches, kl_metrics=policy_scored_in_update(rl, settings.kl, model))
-        step_tx = settings.optim if model.cpu_kernels else tx  # as the trainer (`trainer.build`)
+        step_tx = settings.optim if model.cpu_kernels else tx  # as the trainer (`run_build.build`)
         ref_sh = tuple(jax.tree.map(lambda x: x.sharding, r) for r in ref_arg)
         step = jax.jit(functools.partial(train_step, settings=step_settings, tx=step_tx),
                        in_shardings=(state_sh, batch_sh, *ref_sh), out_shardings=(state_sh, None), donate_argnums=0)

@@ -199,7 +199,7 @@ def rollout(
     t0 = time.perf_counter()
     texts = prompt_texts(examples, task, tokenizer, prompt_format)
     prompt_ids, prompt_mask = encode_prompts(texts, tokenizer, rl.max_prompt_len, pad_id)
-    reuse = sampler_is_policy(rl, kl, model_config)  # then score_fn runs the reference only (`trainer.build`)
+    reuse = sampler_is_policy(rl, kl, model_config)  # then score_fn runs the reference only (`run_build.build`)
     stops = run_stops(rl.stop, tokenizer, model_config)  # rl.stop: strings or ids that end a response like EOS
     params_s = sampling.SamplingParams(
         temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k, min_p=rl.min_p, max_new_tokens=rl.max_new_tokens,

@@ -171,7 +171,7 @@ def greedy_accuracy(params: Any, config: ModelConfig, s: SFTSettings, task: Any)
 def train_sft(settings: SFTSettings, progress: bool = True) -> tuple[Any, ModelConfig, list[float], float]:
     """(params, model config, loss per step, seconds): minimize the cross-entropy of the module docstring."""
     from kljax.tasks.registry import get_task
-    from kljax.train.trainer import enable_compilation_cache
+    from kljax.train.run_build import enable_compilation_cache
 
     enable_compilation_cache()
     s = settings
