@@ -20,6 +20,7 @@ from pathlib import Path
 import jax
 import pytest
 from bad_inputs import make_inputs
+from error_lines import the_error_line
 
 from kljax.cli import main
 
@@ -205,13 +206,12 @@ def check_fails_cleanly(argv: list[str], expected: str, capsys, compiles: Compil
     out, err = capsys.readouterr()
     assert code == 2, (argv, code, out[-1000:], err[-2000:])
     assert "Traceback" not in out + err, err[-2000:]
-    errors = [line for line in err.splitlines() if ": error: " in line]
-    assert len(errors) == 1 and errors[0].startswith(f"kljax {argv[0]}: error: "), err[-2000:]
-    assert expected in errors[0], (expected, errors[0])
+    line = the_error_line(err, argv[0])
+    assert expected in line, (expected, line)
     assert elapsed < 30, (argv, elapsed)
     if not may_compile:
         assert compiles.count == before, f"{argv}: compiled before failing"
-    return errors[0]
+    return line
 
 
 @pytest.mark.parametrize("command", list(MODEL_COMMANDS))

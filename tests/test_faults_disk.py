@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from error_lines import the_error_line
 
 from kljax.cli import main
 
@@ -32,12 +33,11 @@ def one_error_line(argv: list[str], capfd, expected: list[str], code: int = 2) -
         rc = e.code
     out, err = capfd.readouterr()
     assert rc == code, (argv, rc, out[-1000:], err[-3000:])
-    assert "Traceback" not in out + err and "Event loop is closed" not in err, err[-3000:]
-    errors = [line for line in err.splitlines() if ": error: " in line]
-    assert len(errors) == 1 and errors[0].startswith(f"kljax {argv[0]}: error: "), err[-3000:]
+    assert "Traceback" not in out and "Event loop is closed" not in err, err[-3000:]
+    line = the_error_line(err, argv[0])
     for text in expected:
-        assert text in errors[0], (text, errors[0])
-    return errors[0]
+        assert text in line, (text, line)
+    return line
 
 
 @pytest.fixture(scope="module")
@@ -137,11 +137,9 @@ def test_real_full_disk_and_read_only_workdir_in_a_mount_namespace(trained, tmp_
                            ("export", [f"--out {ro}/hf: cannot write in {ro}", "read-only", "EROFS"])):
         err = (tmp_path / f"{name}.out").read_text()
         assert (tmp_path / f"{name}.rc").read_text().strip() == "2", err[-3000:]
-        assert "Traceback" not in err, err[-3000:]
-        errors = [line for line in err.splitlines() if ": error: " in line]
-        assert len(errors) == 1 and errors[0].startswith(f"kljax {'export' if name == 'export' else 'train'}: error: ")
+        line = the_error_line(err, "export" if name == "export" else "train")
         for text in expected:
-            assert text in errors[0], (text, errors[0])
+            assert text in line, (text, line)
 
 
 def test_writes_abandoned_by_a_failed_save_log_no_tracebacks(tmp_path, monkeypatch, caplog):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import jax
 import pytest
+from error_lines import the_error_line
 
 from kljax.cli import main
 
@@ -49,14 +50,13 @@ def fails_cleanly(argv: list[str], expected: list[str], capsys, may_compile: boo
     out, err = capsys.readouterr()
     assert code == 2, (argv, code, out[-1000:], err[-3000:])
     assert "Traceback" not in out + err, err[-3000:]
-    errors = [line for line in err.splitlines() if ": error: " in line]
-    assert len(errors) == 1 and errors[0].startswith(f"kljax {argv[0]}: error: "), err[-3000:]
+    line = the_error_line(err, argv[0])
     for text in expected:
-        assert text in errors[0], (text, errors[0])
+        assert text in line, (text, line)
     assert elapsed < 30, (argv, elapsed)
     if not may_compile:
         assert COMPILES.count == before, f"{argv}: compiled before failing"
-    return errors[0]
+    return line
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from error_lines import the_error_line
 
 from kljax.tasks import get_task
 from kljax.tasks.base import Example
@@ -56,10 +57,9 @@ def test_a_function_that_closes_descriptors_stops_the_run_in_one_line(tmp_path):
     done = subprocess.run(_train(tmp_path, "closes"), cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "KLJAX_HUGEPAGES": "0"})
     assert done.returncode == 2, done.stderr[-3000:]
-    assert "Traceback" not in done.stderr, done.stderr[-3000:]
-    errors = [line for line in done.stderr.splitlines() if ": error: " in line]
-    assert len(errors) == 1 and errors[0].startswith("kljax train: error: reward function 'closes'"), done.stderr
-    assert "closed file descriptors [0, 1, 2" in errors[0]
+    line = the_error_line(done.stderr, "train")
+    assert line.startswith("kljax train: error: reward function 'closes'"), line
+    assert "closed file descriptors [0, 1, 2" in line
 
 
 def test_a_crash_in_process_is_one_line_naming_the_function(tmp_path):
@@ -69,8 +69,7 @@ def test_a_crash_in_process_is_one_line_naming_the_function(tmp_path):
     done = subprocess.run(_train(tmp_path, "crash"), cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "KLJAX_HUGEPAGES": "0"})
     assert done.returncode == -11, done.stderr[-3000:]
-    errors = [line for line in done.stderr.splitlines() if ": error: " in line]
-    assert len(errors) == 1, done.stderr[-3000:]
-    assert errors[0].startswith("kljax train: error: the process died of a Segmentation fault in reward function "
-                                f"'crash' ({tmp_path / 'r.py'}:crash)"), errors[0]
+    line = the_error_line(done.stderr, "train")
+    assert line.startswith("kljax train: error: the process died of a Segmentation fault in reward function "
+                           f"'crash' ({tmp_path / 'r.py'}:crash)"), line
     assert "Fatal Python error" not in done.stderr
