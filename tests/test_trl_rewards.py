@@ -124,7 +124,7 @@ def test_signatures_are_bound_up_front_naming_the_parameter():
 
 def test_a_signature_mismatch_stops_kljax_train_before_the_model_loads(tmp_path, monkeypatch, capsys):
     from kljax.cli import main as cli_main
-    from kljax.train import trainer
+    from kljax.train import run_build
 
     (tmp_path / "r.py").write_text("def f(completions, answers, **kw):\n    return [0.0] * len(completions)\n")
     data = tmp_path / "d.jsonl"
@@ -133,7 +133,7 @@ def test_a_signature_mismatch_stops_kljax_train_before_the_model_loads(tmp_path,
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the reward functions were checked")
 
-    monkeypatch.setattr(trainer, "load_policy", no_model)
+    monkeypatch.setattr(run_build, "load_policy", no_model)
     code = cli_main(["train", "--config", "configs/tiny.py", "--workdir", str(tmp_path / "w"),
                      "--config.task.name=jsonl", f"--config.task.path={data}",
                      f"--config.reward.functions={tmp_path / 'r.py'}:f"])
