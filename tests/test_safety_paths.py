@@ -5,6 +5,8 @@ path component, a broken sweep run removed only with the sweep's marker, set-asi
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -173,3 +175,20 @@ def test_new_run_refuses_a_workdir_holding_files_kljax_did_not_write(tmp_path):
         train(config, tmp_path, progress=False)
     assert (tmp_path / "samples.jsonl").read_text() == '{"prompt": "my data"}\n'
     assert (tmp_path / "config.json").read_text() == '{"model_type": "llama"}\n'
+
+
+def test_the_export_command_a_finished_run_suggests_is_accepted(run1, tmp_path, monkeypatch, capsys):
+    """`kljax train` ends with the commands to run next; its export line must not name an --out that
+    export refuses (inside the run), for a relative workdir and for the working directory itself."""
+    import shlex
+
+    from kljax.train.run_outputs import output_lines
+
+    for cwd, workdir in ((run1.parent, run1.name), (run1, ".")):
+        monkeypatch.chdir(cwd)
+        line = next(x for x in output_lines(Path(workdir)) if x.strip().startswith("kljax export"))
+        argv = shlex.split(line.split("#")[0])[1:]
+        assert cli_main(argv) == 0, capsys.readouterr().err
+        out = Path(argv[argv.index("--out") + 1]).resolve()
+        assert (out / "config.json").is_file() and out.parent == run1.parent
+        shutil.rmtree(out)

@@ -38,6 +38,13 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
+def export_dir(workdir: Path) -> Path:
+    """Where the listing suggests exporting WORKDIR: beside it (`runs/a` -> `runs/a-hf`); export refuses
+    an --out inside the run it reads."""
+    beside = workdir if workdir.name not in ("", "..") else workdir.resolve()  # "." or "..": by its own name
+    return beside.with_name(f"{beside.name}-hf")
+
+
 def output_lines(workdir: str | os.PathLike) -> list[str]:
     """The end-of-run lines: where the outputs are and the next commands (see the module docstring)."""
     workdir = Path(workdir)
@@ -65,7 +72,7 @@ def output_lines(workdir: str | os.PathLike) -> list[str]:
     if steps and not toy:
         commands += [(f"kljax generate --checkpoint {w} --prompt '...'", "the trained policy, prompted as the run"),
                      (f"kljax eval --checkpoint {w} --k 4", "accuracy, mean@k, pass@k"),
-                     (f"kljax export {w} --out {shlex.quote(str(workdir / 'hf'))}",
+                     (f"kljax export {w} --out {shlex.quote(str(export_dir(workdir)))}",
                       "a Hugging Face checkpoint with its tokenizer")]
     width = max(len(c) for c, _ in commands)
     lines.append("next:")
