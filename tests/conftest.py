@@ -1,6 +1,12 @@
 """Test set-up: 8 simulated CPU devices, set before JAX is imported anywhere."""
 
 import os
+import signal
+
+# A shell starts background jobs with SIGINT ignored, and exec'd children inherit that: the Ctrl-C
+# tests (and the kljax subprocesses they interrupt) need Python's own handler wherever pytest was started.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
