@@ -102,3 +102,21 @@ def test_the_readme_yaml_config_is_a_valid_run_config(tmp_path):
     path.write_text(block.group(1))
     settings = validate(load_config(path))
     assert settings.rl.stop == ("0",) and settings.rl.min_p == 0.05
+
+
+def test_every_documented_export_writes_outside_the_run_it_reads(tmp_path, monkeypatch):
+    """`kljax export RUN --out OUT` in the README and docs/: export refuses an OUT that is, lies
+    inside or contains RUN (the run must survive), so no documented command may name one."""
+    from kljax.errors import UserError
+    from kljax.train.owned_paths import check_apart
+
+    monkeypatch.chdir(tmp_path)
+    found = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for run, out in re.findall(r"kljax export (\S+) (?:\S+ )*?--out (\S+)", doc.read_text()):
+            found.append((doc.name, run, out))
+            try:
+                check_apart(out, run)
+            except UserError as e:
+                raise AssertionError(f"{doc.name}: kljax export {run} --out {out}: {e}") from None
+    assert len(found) >= 3, found
