@@ -256,3 +256,17 @@ def test_equivalent_only_where_the_gradients_agree(capsys):
     assert main(["audit", "trl-rloo", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["mapping"] == "exact" and report["approximations"] == []
+
+
+@pytest.mark.parametrize("name", ["k3+", "low_var_kl+", "k3", "low_var_kl"])
+def test_verl_clamps_k3s_value_so_only_the_straight_through_loss_is_exact(name):
+    """verl's kl_penalty_forward clamps k3 to [-10, 10]; its "+" variants keep that clamped value and
+    take k2's gradient. In the reward only the value enters (clamped: approximate); in the loss only
+    the gradient (k2's, unclamped: exact for "+"). Measured against verl's own code: a clamped token
+    moves the in-reward "+" gradient by 0.34 relative."""
+    grpo = {"algorithm.adv_estimator": "grpo"}  # verl's default, gae, is approximate by itself
+    reward = audit.translation("verl", grpo | {"algorithm.use_kl_in_reward": True, "algorithm.kl_penalty": name})
+    loss = audit.translation("verl", grpo | {"actor_rollout_ref.actor.use_kl_loss": True,
+                                             "actor_rollout_ref.actor.kl_loss_type": name})
+    assert not reward.exact and any("clamps k3" in a for a in reward.approximations)
+    assert loss.exact == name.endswith("+")

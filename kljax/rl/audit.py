@@ -142,6 +142,12 @@ def _trl_rloo(v: dict[str, Any], notes: _Notes) -> RunObjective:
 def _verl_estimator(name: str, key: str, placement: str, notes: _Notes) -> str:
     base = name.rstrip("+")
     est = {"kl": "k1", "k1": "k1", "mse": "k2", "k2": "k2", "low_var_kl": "k3", "k3": "k3"}[base]
+    if est == "k3" and (not name.endswith("+") or placement == "reward"):
+        # verl's kl_penalty_forward clamps k3's value; "+" keeps that clamped value (in the reward, all
+        # that enters) and takes k2's unclamped gradient (in the loss: exact)
+        notes.approx(f"{key}={name!r}: verl clamps k3 to [-10, 10] (and the log-ratio to [-20, 20] in recent "
+                     "versions); kljax does not clamp: the gradients differ only on tokens where |k3| > 10 (a "
+                     "log-ratio below about -2.6 nats), none on the reference input of docs/audit.md")
     if name.endswith("+") and est == "k3":
         return "k3+"
     if name.endswith("+") and est == "k1":
@@ -150,10 +156,6 @@ def _verl_estimator(name: str, key: str, placement: str, notes: _Notes) -> str:
                          "gradient matters, mapped to k2")
             return "k2"
         return "k1"  # in the reward only the (detached) value enters
-    if est == "k3":
-        notes.approx(f"{key}={name!r}: verl clamps k3 to [-10, 10] (and the log-ratio to [-20, 20] in recent "
-                     "versions); kljax does not clamp: the gradients differ only on tokens where |k3| > 10 (a "
-                     "log-ratio below about -2.6 nats), none on the reference input of docs/audit.md")
     return est
 
 
