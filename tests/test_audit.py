@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kljax.cli import main
+from kljax.errors import UserError
 from kljax.rl import audit, audit_peers
 from kljax.rl.describe import describe_objective
 from kljax.rl.kl_table import PRESETS
@@ -270,3 +271,14 @@ def test_verl_clamps_k3s_value_so_only_the_straight_through_loss_is_exact(name):
                                              "actor_rollout_ref.actor.kl_loss_type": name})
     assert not reward.exact and any("clamps k3" in a for a in reward.approximations)
     assert loss.exact == name.endswith("+")
+
+
+def test_tunix_grpo_dual_clip_and_upper_clip_are_mapped():
+    """Tunix's grpo_core applies a dual clip (epsilon_c) and an upper clip (epsilon_high) where its
+    config has them: mapped like verl's, refused when the bound is not > 1; absent by default."""
+    plain = audit.translation("tunix-grpo", {}).run
+    assert plain.clip_ratio_c is None and plain.clip_high is None
+    run = audit.translation("tunix-grpo", {"epsilon_c": 3.0, "epsilon_high": 0.28}).run
+    assert run.clip_ratio_c == 3.0 and run.clip_high == 0.28 and run.clip_low == 0.2
+    with pytest.raises(UserError, match="epsilon_c=0.5 must be > 1"):
+        audit.translation("tunix-grpo", {"epsilon_c": 0.5})

@@ -66,7 +66,7 @@ def _clip(low: float, high: float | None) -> tuple[float, float | None]:
 
 
 # grpo's (r - mean) / (std + eps), ddof=1 in each: TRL 1e-4; verl 1e-6 (core_algos); OpenRLHF 1e-9
-# (experience_maker, group_norm); Tunix 1e-6 (algo_core compute_advantages).
+# (experience_maker, group_norm); Tunix 1e-6 (algo_core compute_advantages; 1e-4 in grpo_learner @1f75a1e5).
 TRL_STD_EPS, VERL_STD_EPS, OPENRLHF_STD_EPS, TUNIX_STD_EPS = 1e-4, 1e-6, 1e-9, 1e-6
 
 
@@ -304,9 +304,19 @@ def _tunix_grpo(v: dict[str, Any], notes: _Notes) -> RunObjective:
         notes.append("sequence-mean-token-scale divides each row's token sum by the response width "
                      "(max_tokens_to_generate) and averages over non-empty rows: kljax's seq-mean-token-sum-norm")
     advantage = {"grpo": "grpo", "rloo": "rloo", "drgrpo": "dr_grpo"}[v["advantage_estimator"]]
-    low, high = _clip(v["epsilon"], None)
+    notes.append("Tunix before kl_loss_mode (grpo_learner @1f75a1e5) divided by the group std + 1e-4 (this "
+                 "mapping: + 1e-6, algo_core's) and always took low_var_kl (k3) in the loss: for that version pass "
+                 "kl_loss_mode=low_var_kl; its grpo advantages differ on near-equal groups")
+    low, high = _clip(v["epsilon"], v["epsilon_high"])
+    clip_c = v["epsilon_c"]
+    if clip_c is not None:
+        if not float(clip_c) > 1:
+            raise UserError(f"tunix-grpo: epsilon_c={clip_c!r} must be > 1 (the dual-clip bound)")
+        notes.append(f"dual-clip PPO at epsilon_c={float(clip_c):g} (rl.clip_ratio_c): no gradient from a token with "
+                     "a negative advantage whose ratio exceeds it; inactive on-policy")
     return RunObjective(kl, aggregation, advantage, v["num_generations"], low, high, v["num_iterations"],
-                        max_new_tokens=v["max_tokens_to_generate"], std_eps=TUNIX_STD_EPS)
+                        max_new_tokens=v["max_tokens_to_generate"], std_eps=TUNIX_STD_EPS,
+                        clip_ratio_c=None if clip_c is None else float(clip_c))
 
 
 def _tunix_ppo(v: dict[str, Any], notes: _Notes) -> RunObjective:

@@ -18,8 +18,9 @@ _VERL_CFG = "verl-project/verl verl/trainer/config/_generated_ppo_trainer.yaml @
 _VERL_ALGOS = "verl-project/verl verl/trainer/ppo/core_algos.py @018f23b5"
 _ORLHF = "OpenRLHF/OpenRLHF main (dotted arguments, renamed 2026-04-19; read in stored copies, commit not confirmed)"
 _ORLHF_EXP = "OpenRLHF/OpenRLHF openrlhf/trainer/ppo_utils/experience_maker.py (group_norm: std + 1e-9; KL after)"
-_TUNIX_GRPO = ("google/tunix tunix/rl/grpo/grpo_learner.py @1f75a1e5 and stored copies of algo_core "
-               "(commit not confirmed)")
+_TUNIX_GRPO = ("google/tunix tunix/rl/algo_core.py @fba91f54 (loss and advantages run from a stored copy, "
+               "docs/audit.md) and tunix/rl/grpo/grpo_learner.py @1f75a1e5 (read)")
+_TUNIX_CORE = "google/tunix tunix/rl/algo_core/grpo_core.py @caed9733 (run from a stored copy)"
 _TUNIX_PPO = "google/tunix tunix/rl/ppo/ppo_learner.py @8a7c535d"
 
 
@@ -161,6 +162,12 @@ PEERS: dict[str, Peer] = {
             _F("num_generations", 2, int, _TUNIX_GRPO),
             _F("num_iterations", 1, int, _TUNIX_GRPO),
             _F("epsilon", 0.2, _NUM, _TUNIX_GRPO),
+            _F("epsilon_high", None, _OPT_NUM, _TUNIX_CORE, confirmed=False,
+               note="the upper clip (None: epsilon); a GRPOConfig field in some stored copies, not in others "
+                    "(#38: not at main in August 2026)"),
+            _F("epsilon_c", None, _OPT_NUM, _TUNIX_CORE, confirmed=False,
+               note="dual-clip bound (None: none): grpo_core @caed9733 uses 3.0 when the config has no "
+                    "epsilon_c, algo_core @fba91f54 has no dual clip; later GRPOConfig copies default it to None"),
             _F("max_tokens_to_generate", 64, int, "tunix RolloutConfig", confirmed=False,
                note="64 in the stored copies of Tunix's rollout config read (#38); not tied to a main commit"),
         )),
