@@ -158,8 +158,11 @@ def kljax_gradient(x, peer: str, settings: dict, stale: bool) -> tuple[np.ndarra
         sampler = jnp.asarray(x["stale"] if stale else x["logp"])
 
         def loss(lp):
+            # stale: a later update on the batch, whose advantages (and reward-placed KL) the rollout
+            # computed from the policy that sampled it, as the peers compute theirs from the old log-probs
             return rl_loss(objective, jnp.asarray(x["rewards"]), lp, sampler, jnp.asarray(x["ref"]),
-                           jnp.asarray(x["mask"]), run.kl.beta, run.group_size, run.advantage, std_eps=run.std_eps)
+                           jnp.asarray(x["mask"]), run.kl.beta, run.group_size, run.advantage, std_eps=run.std_eps,
+                           rollout_logp_br=sampler)
 
         g = np.asarray(jax.grad(loss)(jnp.asarray(x["logp"])))
     return g, t

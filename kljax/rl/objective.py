@@ -159,11 +159,14 @@ def kl_surrogate(
 def rl_loss(
     objective: Objective, task_rewards_b: Array, logp_br: Array, sampler_logp_br: Array, ref_logp_br: Array,
     mask_br: Array, beta: float | Array, group_size: int, method: str, full_kl_br: Array | None = None,
-    std_eps: float = adv.DEFAULT_STD_EPS,
+    std_eps: float = adv.DEFAULT_STD_EPS, rollout_logp_br: Array | None = None,
 ) -> Array:
-    """The whole loss of one batch, as the trainer takes it: advantages from the log-probs at their
-    current value (as the rollout computes them, detached), then `loss_parts` / D. Scalar."""
-    a = advantages_with_kl(objective.kl, task_rewards_b, jax.lax.stop_gradient(logp_br), ref_logp_br, mask_br,
+    """The whole loss of one batch, as the trainer takes it: advantages (detached) from the policy's
+    log-probs when the batch was built, `rollout_logp_br` (the rollout computes the reward-placed KL
+    then, once per batch; default: logp_br's current value, the first update on a fresh batch), then
+    `loss_parts` / D. Scalar."""
+    rollout = logp_br if rollout_logp_br is None else rollout_logp_br
+    a = advantages_with_kl(objective.kl, task_rewards_b, jax.lax.stop_gradient(rollout), ref_logp_br, mask_br,
                            sampler_logp_br, None if full_kl_br is None else jax.lax.stop_gradient(full_kl_br),
                            beta, group_size, method, std_eps)
     parts = loss_parts(objective, logp_br, sampler_logp_br, ref_logp_br, a, mask_br, jnp.asarray(beta), full_kl_br)
