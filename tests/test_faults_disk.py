@@ -207,7 +207,8 @@ def test_calls_into_orbaxs_closed_event_loop_print_nothing_while_saving_and_afte
 
 def test_a_failed_writes_echoes_in_threads_and_tasks_print_nothing_after_a_failed_save(caplog):
     """After a failed save, orbax's writer threads and asyncio tasks that die of the same disk fault
-    ("Exception in thread", "Task exception was never retrieved": seen under load) print nothing; other
+    ("Exception in thread", "Task exception was never retrieved", absl's "_SignalingThread.run() raised an
+    exception": seen under load) print nothing; other
     errors still do."""
     import errno as errno_
     import threading
@@ -229,7 +230,10 @@ def test_a_failed_writes_echoes_in_threads_and_tasks_print_nothing_after_a_faile
 
         for error in (full, other):
             logging.getLogger("asyncio").error("Task exception was never retrieved", exc_info=error)
+            # an orbax writer thread ending after the save was reported (seen in a fresh clone's suite)
+            logging.getLogger("absl").error("[thread=array_type_handler] _SignalingThread.run() raised an "
+                                            "exception: %s", error, exc_info=error)
     finally:
         threading.excepthook = previous
     assert seen == ["not a disk fault"]
-    assert [str(r.exc_info[1]) for r in caplog.records if r.exc_info] == ["not a disk fault"]
+    assert [str(r.exc_info[1]) for r in caplog.records if r.exc_info] == ["not a disk fault"] * 2

@@ -94,15 +94,17 @@ def _echo_of_a_failed_write(error: BaseException | None) -> bool:
 
 
 class _DropWriteEchoes(logging.Filter):
-    """Records of concurrent.futures ("exception calling callback") and asyncio ("Task exception was
-    never retrieved") whose exception echoes a failed write (`_echo_of_a_failed_write`)."""
+    """Records of concurrent.futures ("exception calling callback"), asyncio ("Task exception was
+    never retrieved") and absl (orbax's "_SignalingThread.run() raised an exception", logged by a
+    writer thread that ends after the save was reported) whose exception echoes a failed write
+    (`_echo_of_a_failed_write`)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not _echo_of_a_failed_write(record.exc_info[1] if record.exc_info else None)
 
 
 _ECHO_FILTER = _DropWriteEchoes()
-_ECHO_LOGGERS = ("concurrent.futures", "asyncio")
+_ECHO_LOGGERS = ("concurrent.futures", "asyncio", "absl")
 _threading_excepthook = threading.excepthook  # the hook ours delegates to (the one it replaced)
 _call_soon_threadsafe = asyncio.BaseEventLoop.call_soon_threadsafe
 _after_a_failed_save = False  # then the echoes stay quiet for good
