@@ -65,6 +65,16 @@ def _clip(low: float, high: float | None) -> tuple[float, float | None]:
     return float(low), (None if high is None or high == low else float(high))
 
 
+def _dual_clip(peer: str, key: str, value: float, notes: _Notes) -> float:
+    """rl.clip_ratio_c for the peer's dual-clip bound `key` (> 1, else a UserError naming it), noted."""
+    clip_c = float(value)
+    if not clip_c > 1:
+        raise UserError(f"{peer}: {key}={clip_c!r} must be > 1 ({peer}'s dual-clip bound)")
+    notes.append(f"dual-clip PPO at {key}={clip_c:g} (rl.clip_ratio_c): no gradient from a token with a negative "
+                 "advantage whose ratio exceeds it; inactive on-policy")
+    return clip_c
+
+
 # grpo's (r - mean) / (std + eps), ddof=1 in each: TRL 1e-4; verl 1e-6 (core_algos); OpenRLHF 1e-9
 # (experience_maker, group_norm); Tunix 1e-6 (algo_core compute_advantages; 1e-4 in grpo_learner @1f75a1e5).
 TRL_STD_EPS, VERL_STD_EPS, OPENRLHF_STD_EPS, TUNIX_STD_EPS = 1e-4, 1e-6, 1e-9, 1e-6
@@ -216,11 +226,7 @@ def _verl(v: dict[str, Any], notes: _Notes) -> RunObjective:
                      "the verdict uses group_size 2")
         group = 2
     low, high = _clip(v[_A + "clip_ratio_low"], v[_A + "clip_ratio_high"])
-    clip_c = float(v[_A + "clip_ratio_c"])
-    if not clip_c > 1:
-        raise UserError(f"verl: {_A}clip_ratio_c={clip_c!r} must be > 1 (verl's dual-clip bound)")
-    notes.append(f"dual-clip PPO at {_A}clip_ratio_c={clip_c:g} (rl.clip_ratio_c): no gradient from a token with a "
-                 "negative advantage whose ratio exceeds it; inactive on-policy")
+    clip_c = _dual_clip("verl", _A + "clip_ratio_c", v[_A + "clip_ratio_c"], notes)
     return RunObjective(kl, agg, advantage, group, low, high, updates, max_new_tokens=v["data.max_response_length"],
                         clip_ratio_c=clip_c, std_eps=VERL_STD_EPS)
 
@@ -308,15 +314,9 @@ def _tunix_grpo(v: dict[str, Any], notes: _Notes) -> RunObjective:
                  "mapping: + 1e-6, algo_core's) and always took low_var_kl (k3) in the loss: for that version pass "
                  "kl_loss_mode=low_var_kl; its grpo advantages differ on near-equal groups")
     low, high = _clip(v["epsilon"], v["epsilon_high"])
-    clip_c = v["epsilon_c"]
-    if clip_c is not None:
-        if not float(clip_c) > 1:
-            raise UserError(f"tunix-grpo: epsilon_c={clip_c!r} must be > 1 (the dual-clip bound)")
-        notes.append(f"dual-clip PPO at epsilon_c={float(clip_c):g} (rl.clip_ratio_c): no gradient from a token with "
-                     "a negative advantage whose ratio exceeds it; inactive on-policy")
+    clip_c = None if v["epsilon_c"] is None else _dual_clip("tunix-grpo", "epsilon_c", v["epsilon_c"], notes)
     return RunObjective(kl, aggregation, advantage, v["num_generations"], low, high, v["num_iterations"],
-                        max_new_tokens=v["max_tokens_to_generate"], std_eps=TUNIX_STD_EPS,
-                        clip_ratio_c=None if clip_c is None else float(clip_c))
+                        max_new_tokens=v["max_tokens_to_generate"], std_eps=TUNIX_STD_EPS, clip_ratio_c=clip_c)
 
 
 def _tunix_ppo(v: dict[str, Any], notes: _Notes) -> RunObjective:
