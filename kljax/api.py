@@ -114,7 +114,9 @@ def run_config(source: Any = None, overrides: Sequence[str] | Mapping[str, Any] 
 
 
 def _restart_task_section(config: ml_collections.ConfigDict, builtin_task: str, explicit: set[str]) -> None:
-    """Reset the task fields a built-in task's config set (and the user did not) when the run's data is the user's."""
+    """Reset the task fields a built-in task's config set (and the user did not) when the run's data is the
+    user's, and rl.max_prompt_len, the length of that task's prompts (configs/tiny.py: 4), so that
+    `auto_prompt_len` fits it to the user's data."""
     from kljax.tasks.files import FORMATS
     from kljax.train.config_checks import default_config
 
@@ -127,6 +129,9 @@ def _restart_task_section(config: ml_collections.ConfigDict, builtin_task: str, 
             if f"task.{key}" not in explicit and key in config.task and config.task[key] != value:
                 reset.append(f"{key}={config.task[key]!r}")
                 config.task[key] = value
+        if "rl.max_prompt_len" not in explicit and config.rl.max_prompt_len != defaults.rl.max_prompt_len:
+            reset.append(f"rl.max_prompt_len={config.rl.max_prompt_len!r}")
+            config.rl.max_prompt_len = defaults.rl.max_prompt_len
     if reset:
         print(f"kljax train: task {config.task.name!r} is your data: the config's settings for task "
               f"{builtin_task!r} ({', '.join(reset)}) are left at their defaults; set them to use them",

@@ -156,3 +156,19 @@ def test_max_prompt_len_defaults_to_the_longest_prompt(tmp_path):
     assert auto_prompt_len(config, explicit) == 4  # the tiny model's 64 positions leave 4
     config, explicit = run_config(str(run), ["--config.rl.max_prompt_len=64"])
     assert auto_prompt_len(config, explicit) is None  # chosen: kept
+
+
+def test_the_tiny_demos_prompt_length_does_not_reach_the_users_data(tmp_path, capsys):
+    """RLTrainer(model="tiny") starts from configs/tiny.py, whose rl.max_prompt_len=4 fits its
+    repeat_digit prompts: with the user's data it restarts at the run default and is fitted to the
+    data (the python_api.md example on the tiny model stopped at 'more than rl.max_prompt_len=4')."""
+    from kljax.api import auto_prompt_len, run_config
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS[:4] + [{"prompt": "12345+678=", "solution": "x"}]))
+    task = ["--config.task.name=jsonl", f"--config.task.path={data}"]
+    config, explicit = run_config(None, task, model="tiny")
+    assert "rl.max_prompt_len=4" in capsys.readouterr().err
+    assert auto_prompt_len(config, explicit) == 10
+    config, explicit = run_config(None, [*task, "--config.rl.max_prompt_len=4"], model="tiny")
+    assert config.rl.max_prompt_len == 4 and auto_prompt_len(config, explicit) is None  # chosen: kept
