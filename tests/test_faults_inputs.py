@@ -226,12 +226,14 @@ def test_memory_estimate_against_a_given_limit():
 
 
 def test_bad_data_fails_before_any_compile(tmp_path, capsys):
-    """A prompt longer than rl.max_prompt_len in the user's data is found before the model's first
-    compile (the data checks run before the weights are made)."""
+    """A prompt longer than the rl.max_prompt_len the user chose is found in the user's data before the
+    model's first compile (the data checks run before the weights are made). Left unset, it is fitted
+    to the data instead (tests/test_api.py)."""
     data = tmp_path / "long.jsonl"
     data.write_text("".join(json.dumps({"prompt": "1234567890" * 3, "answer": "1"}) + "\n" for _ in range(10)))
     fails_cleanly(["train", *TINY, "--workdir", str(tmp_path / "run"), "--config.task.name=jsonl",
-                   f"--config.task.path={data}", "--config.task.eval_splits=", "--config.task.eval_fraction=0.0"],
+                   f"--config.task.path={data}", "--config.task.eval_splits=", "--config.task.eval_fraction=0.0",
+                   "--config.rl.max_prompt_len=4"],
                   [str(data), "max_prompt_len"], capsys)
 
 
