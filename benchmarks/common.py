@@ -165,7 +165,7 @@ def reset_peak_rss() -> bool:
 
 def machine_info(load_before: tuple[float, float, float] | None = None) -> dict[str, Any]:
     """Cores, platform, JAX backend and device kind, load averages (before the run and now), and the
-    glibc tunables both sides ran under (`kljax.kernels.cpu.hostmem`)."""
+    glibc tunables both sides ran under (`kljax.util.hostmem`)."""
     import jax
 
     device = jax.devices()[0]

@@ -14,7 +14,7 @@ Full-vocabulary KL, sum_v p(v|h) log(p(v|h) / p_ref(v|h)) at every position from
 h, h_ref [Bf, Tf, D] and tied unembeddings W, W_ref [V, D] (default V = 151936, D = 896: Qwen2.5-0.5B),
 gradient in (W, h), at a smaller shape [Bf, Tf] = [1, 64] (set it with --full-batch/--full-len; each
 call is ~100 GFLOP there, seconds on 2 CPU cores; on a GPU use e.g. 4 x 1024 with --full-chunk 256):
-  full_kl_chunked  kljax.models.transformer_policy.full_kl_from_hidden, `--full-chunk` positions per slice,
+  full_kl_chunked  kljax.policies.transformer.full_kl_from_hidden, `--full-chunk` positions per slice,
                    rematerialized (PyTorch: the same slices under torch.utils.checkpoint);
   full_kl_naive    both [Bf, Tf, V] logits at once (kljax.rl.estimators.full_kl_from_logits).
 Memory: XLA's compiled memory_analysis() of each jitted kljax function (argument, output and temp

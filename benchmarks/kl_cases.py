@@ -69,7 +69,7 @@ def jax_case(case: str, chunk: int, dtype: str) -> Any:
     elif case == "kl_surrogate":
         loss = lambda logp, ref, sampler, mask: jnp.sum(kl_surrogate(SURROGATE_CONFIG, logp, ref, mask, sampler))
     elif case in ("full_kl_chunked", "full_kl_naive"):
-        from kljax.models.transformer_policy import full_kl_from_hidden
+        from kljax.policies.transformer import full_kl_from_hidden
 
         def loss(h, ref_h, w, ref_w):
             config = _head_config(w.shape[0], w.shape[1], dtype)

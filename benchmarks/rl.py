@@ -73,7 +73,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import common
-from kljax.kernels.cpu.threads import without_forced_devices
+from kljax.util.threads import without_forced_devices
 
 BETA = 0.04  # KL coefficient, k3 in the loss on both sides
 LEARNING_RATE = 1e-6
@@ -140,7 +140,7 @@ def _validate(args: argparse.Namespace) -> dict[str, Any]:
     if args.lora < 0:
         raise ValueError(f"--lora must be >= 0 (0: full fine-tuning), got {args.lora}")
     if args.lora:
-        from kljax.models.lora_config import LoraConfig
+        from kljax.config.sections import LoraConfig
 
         LoraConfig(args.lora, args.lora_alpha, tuple(t.strip() for t in args.lora_targets.split(",") if t.strip()))
     model = args.model
@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     summary["machine"] = {
         "cpu_count": os.cpu_count(), "cpus_used": settings["cpus"], "platform": platform.platform(),
         "python": platform.python_version(), "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-        "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),  # inherited by both sides (kljax.kernels.cpu.hostmem)
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),  # inherited by both sides (kljax.util.hostmem)
     }
     summary["wall_s"] = round(time.perf_counter() - t0, 1)
     print_table(summary)
@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _materialize_model(settings: dict[str, Any], tmp: Path) -> Path:
     """The HF checkpoint directory both sides load: `--model`, the embedded default, or a
-    `random:NAME` model exported by a child process (`_export_random`), so this one stays free of JAX."""
+    `random:NAME` model exported by a child process (`export_random`), so this one stays free of JAX."""
     from kljax.models.default import default_model_dir
 
     spec = settings["model"]
@@ -197,7 +197,7 @@ def _materialize_model(settings: dict[str, Any], tmp: Path) -> Path:
     return out
 
 
-def _export_random(settings: dict[str, Any]) -> None:
+def export_random(settings: dict[str, Any]) -> None:
     """Export the random model `settings["model"]` with a tokenizer: SmolLM2's when the vocabulary
     holds it, else `save_char_tokenizer` (and bos/eos ids 1/2 to match it)."""
     from kljax.models.convert import export_hf
@@ -242,33 +242,12 @@ def _run_child(side: str, settings: dict[str, Any], tmp: Path) -> dict[str, Any]
     inp, out = tmp / f"{side}-settings.json", tmp / f"{side}-result.json"
     inp.write_text(json.dumps(dict(settings, workdir=str(tmp))))
     print(f"kljax bench rl: running the {side} side in a subprocess ...", file=sys.stderr, flush=True)
-    code = "import sys; from benchmarks.rl import child_main; child_main(sys.argv[1:])"
+    code = "import sys; from benchmarks.rl_child import child_main; child_main(sys.argv[1:])"
     proc = subprocess.run([sys.executable, "-c", code, side, str(inp), str(out)], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0 or not out.exists():
         raise RuntimeError(f"the {side} side failed (exit {proc.returncode}):\n{proc.stdout[-6000:]}")
     return json.loads(out.read_text())
-
-
-def child_main(argv: list[str]) -> None:
-    """Entry point of a child process: `SIDE SETTINGS_JSON OUT_JSON`, SIDE one of kljax, peer, export."""
-    side, settings_path, out_path = argv
-    settings = json.loads(Path(settings_path).read_text())
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, settings["cpus"])
-    if side == "export":
-        _export_random(settings)
-        result: dict[str, Any] = {}
-    elif side == "peer":
-        from benchmarks.rl_peer import peer_side
-
-        result = peer_side(settings)
-    else:
-        from benchmarks.rl_kljax import kljax_side
-
-        result = kljax_side(settings)
-    result["peak_rss_mb"] = common.peak_rss_mb()
-    Path(out_path).write_text(json.dumps(result))
 
 
 # ---------------------------------------------------------------- shared by both sides

@@ -13,28 +13,28 @@ from benchmarks.rl import BETA, CLIP, LEARNING_RATE, SPLIT, TASK, iteration_prom
 
 
 def kljax_config(settings: dict[str, Any], prompt_format: str, max_prompt_len: int) -> Any:
-    from kljax.train.config import load_config
+    """The run config of kljax's side: the default run with the benchmark's matched settings."""
+    from kljax.config.load import load_run_config
 
-    c = load_config()  # configs/default.py, then the benchmark's matched settings
-    c.seed = settings["seed"]
-    c.model.source = settings["model_dir"]
-    c.task.name, c.task.split, c.task.prompt_format = TASK, SPLIT, prompt_format
-    c.task.answer_format = "answer_line"  # as `iteration_prompts`, so both sides get the same prompt texts
-    c.kl.estimator, c.kl.placement, c.kl.beta = "k3", "loss", BETA
-    c.rl.advantage, c.rl.group_size, c.rl.prompts_per_step = "grpo", settings["group"], settings["prompts"]
-    c.rl.max_prompt_len, c.rl.max_new_tokens = max_prompt_len, settings["new_tokens"]
-    c.rl.temperature, c.rl.top_p, c.rl.top_k = settings["temperature"], 1.0, 0
-    c.rl.loss_aggregation, c.rl.clip_low, c.rl.clip_high = "seq-mean-token-mean", CLIP, None
-    c.rl.updates_per_batch, c.rl.async_level, c.rl.micro_batches = 1, 0, settings["micro_batches"]
-    c.optim.learning_rate, c.optim.schedule, c.optim.max_grad_norm = LEARNING_RATE, "constant", 1.0
-    c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
-    c.model.remat = "full" if settings["gradient_checkpointing"] else "none"
-    c.model.dtype, c.model.param_dtype = settings["dtype"], "float32"
-    c.model.scan_layers = settings["scan_layers"]
+    fields: dict[str, Any] = {
+        "seed": settings["seed"],
+        "model": {"source": settings["model_dir"], "remat": "full" if settings["gradient_checkpointing"] else "none",
+                  "dtype": settings["dtype"], "param_dtype": "float32", "scan_layers": settings["scan_layers"]},
+        # answer_line as `iteration_prompts`, so both sides get the same prompt texts
+        "task": {"name": TASK, "split": SPLIT, "prompt_format": prompt_format, "answer_format": "answer_line"},
+        "kl": {"estimator": "k3", "placement": "loss", "beta": BETA},
+        "rl": {"advantage": "grpo", "group_size": settings["group"], "prompts_per_step": settings["prompts"],
+               "max_prompt_len": max_prompt_len, "max_new_tokens": settings["new_tokens"],
+               "temperature": settings["temperature"], "top_p": 1.0, "top_k": 0,
+               "loss_aggregation": "seq-mean-token-mean", "clip_low": CLIP, "clip_high": None, "updates_per_batch": 1,
+               "async_level": 0, "micro_batches": settings["micro_batches"]},
+        "optim": {"learning_rate": LEARNING_RATE, "schedule": "constant", "max_grad_norm": 1.0},
+        "mesh": {"data": 1, "fsdp": -1, "tensor": 1},
+    }
     if settings.get("lora_rank"):  # adapters only; the base is frozen and is the reference
-        c.model.lora.rank, c.model.lora.alpha = settings["lora_rank"], float(settings["lora_alpha"])
-        c.model.lora.targets = ",".join(settings["lora_targets"])
-    return c
+        fields["model"]["lora"] = {"rank": settings["lora_rank"], "alpha": float(settings["lora_alpha"]),
+                                   "targets": ",".join(settings["lora_targets"])}
+    return load_run_config(fields)
 
 
 def kljax_side(settings: dict[str, Any]) -> dict[str, Any]:
@@ -44,7 +44,6 @@ def kljax_side(settings: dict[str, Any]) -> dict[str, Any]:
     jax.config.update("jax_enable_compilation_cache", False)  # report cold compile times
     from transformers import AutoTokenizer
 
-    from kljax.train.config import validate
     from kljax.train.run_build import build
     from kljax.train.trainer import host_memory_mb
     from kljax.train.trainer import iteration as trainer_iteration
@@ -54,7 +53,7 @@ def kljax_side(settings: dict[str, Any]) -> dict[str, Any]:
     tokenizer = AutoTokenizer.from_pretrained(settings["model_dir"])
     _, fmt, examples, texts = iteration_prompts(settings, tokenizer)  # run.task renders the texts the same way
     longest = max(len(tokenizer.encode(t, add_special_tokens=False)) for step in texts for t in step)
-    rs = validate(kljax_config(settings, fmt, longest))
+    rs = kljax_config(settings, fmt, longest)
     run, state, ref_params = build(rs)
     jax.block_until_ready((state, ref_params))
     setup_s = time.perf_counter() - t_setup

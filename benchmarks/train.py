@@ -88,7 +88,7 @@ def make_batch(params: Any, config: Any, b: int, s: int, r: int, seed: int, mesh
     import jax
     import numpy as np
 
-    from kljax.models.transformer_policy import response_logprobs
+    from kljax.policies.transformer import response_logprobs
 
     rng = np.random.default_rng(seed)
     low = min(100, config.vocab_size - 1)  # skip the special tokens at the start of most vocabularies

@@ -1,21 +1,15 @@
 """A tiny random model learning the `repeat_digit` toy task: seconds per step, for tests and smoke runs."""
 
-from kljax_base import base
-
 
 def get_config():
-    c = base()
-    c.steps = 100
-    c.checkpoint_every = 25
-    c.eval_examples = 16
-    c.model.source = "tiny"
-    c.task.name = "repeat_digit"
-    c.task.eval_splits = "test"
-    c.task.prompt_format = "raw"
-    c.rl.group_size = 4
-    c.rl.prompts_per_step = 8
-    c.rl.max_prompt_len = 4
-    c.rl.max_new_tokens = 6
-    c.kl.beta = 0.01
-    c.optim.learning_rate = 5e-3  # 1e-2 rose on some seeds and collapsed on others: docs/performance.md
-    return c
+    return {
+        "steps": 100,
+        "checkpoint_every": 25,
+        "keep_checkpoints": 2,
+        "eval_examples": 16,
+        "model.source": "tiny",
+        "task": {"name": "repeat_digit", "eval_splits": "test", "prompt_format": "raw"},
+        "rl": {"group_size": 4, "prompts_per_step": 8, "max_prompt_len": 4, "max_new_tokens": 6, "temperature": 1.0},
+        "kl.beta": 0.01,
+        "optim.learning_rate": 5e-3,  # 1e-2 rose on some seeds and collapsed on others: docs/performance.md
+    }

@@ -41,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     import jax
     import numpy as np
 
+    from kljax.config import load_run_config
     from kljax.parallel import distributed
-    from kljax.train.config import apply_overrides, load_config
     from kljax.train.trainer import train
 
     options = distributed.options_from(args.coordinator, args.num_processes, args.process_id)
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
                  "checkpoint_every": 100, "eval_examples": 8}
     if args.no_eval:
         overrides["task.eval_splits"] = ""
-    config = apply_overrides(load_config(REPO / "configs" / "tiny.py"),
+    config = load_run_config((REPO / "configs" / "tiny.py"),
                              [f"--config.{k}={v}" for k, v in overrides.items()])
     summary = train(config, args.workdir, resume=args.resume, progress=False, stop_after=args.stop_after)
     flat = jax.tree_util.tree_flatten_with_path(distributed.gather(summary["params"]))[0]

@@ -13,10 +13,10 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from kljax.kernels.cpu.threads import ensure_collective_threads  # noqa: E402  (imports no JAX)
+from kljax.util.threads import ensure_collective_threads  # noqa: E402  (imports no JAX)
 
 # Enough XLA client threads that 8 devices' collectives cannot starve (inherited by the kljax
-# subprocesses of the tests): see kljax.kernels.cpu.threads.
+# subprocesses of the tests): see kljax.util.threads.
 ensure_collective_threads()
 
 

@@ -84,7 +84,8 @@ def test_trl_job_through_the_python_api(saved, tmp_path, layout, capsys):
     states = sorted({c["step"] for c in SEEN if "step" in c})
     assert states[:2] == [0, 1] and all(isinstance(i, int) for c in SEEN if "ids" in c for ids in c["ids"] for i in ids)
     config = json.loads((tmp_path / "run" / "config.json").read_text())
-    assert config["reward"]["functions"].endswith("test_api:correct,test_api:shorter")  # module:name recorded
+    assert [f.rsplit(".", 1)[-1] for f in config["reward"]["functions"]] == ["test_api:correct",
+                                                                            "test_api:shorter"]  # module:name
     assert config["task"]["system_prompt"] is None and config["task"]["answer_format"] == ""
     if layout == "standard":
         written = trainer.save_pretrained(tmp_path / "hf")
@@ -107,44 +108,46 @@ def test_trl_job_through_the_cli(saved, tmp_path):
 
 
 def test_data_files_get_no_built_in_task_settings(tmp_path, capsys):
-    """configs/default.py is written for arithmetic (answer line, its OOD eval splits, chat format):
-    with the user's data those settings stay behind, and the reset is said."""
+    """configs/tiny.py is written for repeat_digit (raw prompts, its evaluation split "test"): with the
+    user's data those settings stay behind, and the reset is said, with what to do to keep one."""
     from kljax.api import run_config
 
-    config, _ = run_config(None, ["--config.task.name=jsonl", "--config.task.path=d.jsonl"])
-    assert config.task.answer_format == "" and config.task.eval_splits == "" and config.task.prompt_format == "auto"
-    assert "answer_format='answer_line'" in capsys.readouterr().err
-    config, _ = run_config(None, ["--config.task.name=jsonl", "--config.task.answer_format=boxed"])
-    assert config.task.answer_format == "boxed"  # asked for: kept
+    config, _ = run_config("configs/tiny.py", ["--config.task.name=jsonl", "--config.task.path=d.jsonl"])
+    assert config.task.eval_splits == "" and config.task.prompt_format == "auto"
+    err = capsys.readouterr().err
+    assert "task.prompt_format='raw'" in err and "task.eval_splits='test'" in err and "explicitly" in err
+    config, _ = run_config("configs/tiny.py", ["--config.task.name=jsonl", "--config.task.prompt_format=raw"])
+    assert config.task.prompt_format == "raw"  # asked for: kept
 
 
 def test_prompts_as_written_messages_key_prompt_and_the_longest_row_named(tmp_path):
     from kljax.api import run_config
     from kljax.models.tokenizers import CharTokenizer
-    from kljax.tasks.from_config import check_prompts, task_from_config
+    from kljax.tasks.from_config import check_prompts, task_of
     from kljax.tasks.prompting import prompt_texts
 
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS[:4] + [{"prompt": "12345+678=", "solution": "x"}]))
     config, _ = run_config(None, ["--config.task.name=jsonl", f"--config.task.path={data}",
                                   "--config.task.eval_fraction=0.0", "--config.rl.max_prompt_len=6"])
-    task = task_from_config(config)  # configs/default.py's arithmetic settings do not reach it
+    task = task_of(config)
     assert prompt_texts(task.examples("train", n=1), task, CharTokenizer(), config.task.prompt_format) == ["0+0="]
     with pytest.raises(ValueError, match=r"d\.jsonl, row 5: the prompt has 10 tokens .*rl\.max_prompt_len=6, the "
                                          r"longest of 1 such rows; set rl\.max_prompt_len=10 \(the model's context "
                                          r"of 64 leaves room for 32"):
-        check_prompts(task, config, CharTokenizer(), context=64)
+        check_prompts(task, config.task, config.rl, CharTokenizer(), context=64)
     # TRL's conversational layout named with kljax's task.messages_key (a KeyError before)
     conv = tmp_path / "c.jsonl"
     conv.write_text(json.dumps({"prompt": [{"role": "user", "content": "1+1="}], "solution": "2"}) + "\n")
     config, _ = run_config(None, ["--config.task.name=jsonl", f"--config.task.path={conv}",
                                   "--config.task.messages_key=prompt", "--config.task.eval_fraction=0.0"])
-    task = task_from_config(config)
+    task = task_of(config)
     assert task.conversational and task.messages(task.examples("train")[0]) == [{"role": "user", "content": "1+1="}]
 
 
 def test_max_prompt_len_defaults_to_the_longest_prompt(tmp_path):
-    from kljax.api import auto_prompt_len, run_config
+    from kljax.api import run_config
+    from kljax.train.user_data import auto_prompt_len
 
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS[:4] + [{"prompt": "12345+678=", "solution": "x"}]))
@@ -162,7 +165,8 @@ def test_the_tiny_demos_prompt_length_does_not_reach_the_users_data(tmp_path, ca
     """RLTrainer(model="tiny") starts from configs/tiny.py, whose rl.max_prompt_len=4 fits its
     repeat_digit prompts: with the user's data it restarts at the run default and is fitted to the
     data (the python_api.md example on the tiny model stopped at 'more than rl.max_prompt_len=4')."""
-    from kljax.api import auto_prompt_len, run_config
+    from kljax.api import run_config
+    from kljax.train.user_data import auto_prompt_len
 
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS[:4] + [{"prompt": "12345+678=", "solution": "x"}]))

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from kljax.cli import main
+from kljax.config import RunConfig, with_overrides
 from kljax.errors import UserError
-from kljax.rl import audit, audit_peers
-from kljax.rl.describe import describe_objective
-from kljax.rl.kl_table import PRESETS
-from kljax.train.config import apply_overrides
+from kljax.verdicts import audit
+from kljax.verdicts import peers as audit_peers
+from kljax.verdicts.objective import describe_objective
+from kljax.verdicts.presets import PRESETS
 
 ROOT_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -105,15 +106,8 @@ def test_unbiased_peer_settings():
 
 @pytest.mark.parametrize("peer", sorted(DEFAULTS))
 def test_overrides_apply_to_the_base_config(peer):
-    import sys
-
-    sys.path.insert(0, str(ROOT_CONFIGS))
-    try:
-        from kljax_base import base
-    finally:
-        sys.path.remove(str(ROOT_CONFIGS))
     run, _ = audit.translate(peer, {})
-    config = apply_overrides(base(), audit.overrides(run))
+    config = with_overrides(RunConfig(), audit.overrides(run))
     assert config.kl.estimator == run.kl.estimator and config.rl.loss_aggregation == run.aggregation
     assert config.kl.placement == run.kl.placement and config.rl.updates_per_batch == run.updates_per_batch
 

@@ -6,7 +6,7 @@ of TRL's loss (`GRPOTrainer._compute_loss` / `RLOOTrainer._compute_loss`, run on
 whose forward returns those log-probs) and its advantages (the lines of
 `_generate_and_score_completions` that compute them, executed from TRL's installed source) is
 compared with the gradient of kljax's loss (`kljax.rl.objective.rl_loss`) for the objective that
-`kljax.rl.audit.translation` maps the same settings to. Where the audit says the mapping is exact,
+`kljax.verdicts.audit.translation` maps the same settings to. Where the audit says the mapping is exact,
 the two agree to float64 rounding; where it says "approximately", they differ.
 """
 
@@ -30,8 +30,8 @@ from trl.trainer.grpo_trainer import GRPOTrainer  # noqa: E402
 from trl.trainer.rloo_trainer import RLOOTrainer  # noqa: E402
 from trl.trainer.utils import nanstd  # noqa: E402
 
-from kljax.rl.audit import translation  # noqa: E402
 from kljax.rl.objective import Objective, rl_loss  # noqa: E402
+from kljax.verdicts.audit import translation  # noqa: E402
 
 B, G, R = 8, 4, 6
 

@@ -9,12 +9,12 @@ import jax
 import pytest
 
 from kljax.rl.kl import KLConfig
-from kljax.rl.kl_describe import describe
 from kljax.studies.bias import catalog
 from kljax.studies.bias.engine import Engine
 from kljax.studies.bias.gradients import stats_from_moments
 from kljax.studies.bias.policies import TabularPolicy, TransformerPolicy
 from kljax.studies.bias.setting import make_setting
+from kljax.verdicts.kl import describe
 
 CONFIGS = catalog.preset_configs()
 EXTRA = (

@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 
 from kljax import cli
-from kljax.rl.kl_describe import describe
-from kljax.rl.kl_table import PRESETS
 from kljax.studies.bias import report
+from kljax.verdicts.kl import describe
+from kljax.verdicts.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs" / "bias_tiny.py")

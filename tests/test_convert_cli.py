@@ -7,8 +7,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from kljax.cli import main  # noqa: E402
-from kljax.models.parity import transformers_logits  # noqa: E402
 from kljax.models.tiny import save_tiny_hf_model  # noqa: E402
+from kljax.studies.parity import transformers_logits  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
-"""`kljax.kernels.cpu.threads`: simulated multi-device CPU runs get a client pool big enough for a collective."""
+"""`kljax.util.threads`: simulated multi-device CPU runs get a client pool big enough for a collective."""
 
 import os
 
-from kljax.kernels.cpu import threads as cpu_threads
+from kljax.util import threads as cpu_threads
 
 
 def test_forced_device_count_reads_the_last_flag():

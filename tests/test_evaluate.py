@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from kljax.cli import main as cli_main
+from kljax.config import load_run_config
 from kljax.models.tokenizers import DEFAULT_ALPHABET, CharTokenizer
 from kljax.studies import evaluate as ev
-from kljax.train.config import apply_overrides, load_config
+from kljax.train import restore
 from kljax.train.policy import Policy
 
 MESH = ["--config.mesh.data=1", "--config.mesh.fsdp=4", "--config.mesh.tensor=2"]
@@ -80,8 +81,8 @@ def test_eval_in_memory_equals_exported_hf_checkpoint(sft_model, tmp_path):
 
     params, config, model_dir = sft_model
     tok = CharTokenizer()
-    run_config = load_config("configs/tiny.py")
-    mesh = ev.make_mesh(run_config)  # the mesh the CLI uses, so the second evaluation compiles nothing new
+    run_config = load_run_config("configs/tiny.py")
+    mesh = restore.make_mesh(run_config)  # the mesh the CLI uses, so the second evaluation compiles nothing new
     params = jax.device_put(params, shd.logical_to_sharding(tfm.logical_axes(config), tfm.param_shapes(config), mesh))
     policy = Policy(config, params, None, tok, (tok.eos_token_id,), tok.pad_token_id)
     settings = ev.EvalSettings.from_run_config(run_config, k=2, n_examples=16)
@@ -103,8 +104,8 @@ def test_eval_cli_tiny_equals_its_export(tmp_path):
     """`--model tiny` (random init from configs/tiny.py) and `--model DIR` of its HF export agree."""
     from kljax.train.sft import export_char_model
 
-    run_config = load_config("configs/tiny.py")
-    policy = ev.load_model(run_config, ev.make_mesh(run_config))
+    run_config = load_run_config("configs/tiny.py")
+    policy = restore.load_model(run_config, restore.make_mesh(run_config))
     model_dir = export_char_model(policy.params, policy.model, tmp_path / "tiny_hf", DEFAULT_ALPHABET)
     results = []
     for model in ("tiny", str(model_dir)):
@@ -122,10 +123,10 @@ def test_eval_checkpoint_matches_trainer(tmp_path, capsys):
     restore_params gives the trained params, and greedy eval reproduces the trainer's eval_after."""
     from kljax.train.trainer import train
 
-    config = apply_overrides(load_config("configs/tiny.py"),
+    config = load_run_config(("configs/tiny.py"),
                              [*MESH, "--config.steps=2", "--config.rl.async_level=2", "--config.eval_examples=16"])
     summary = train(config, tmp_path / "run", progress=False)
-    params, _, _, step = ev.restore_params(tmp_path / "run")
+    params, _, _, step = restore.restore_params(tmp_path / "run")
     assert step == 2
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(summary["params"]), jax.device_get(params))
     out = tmp_path / "eval.json"

@@ -149,8 +149,8 @@ def test_writes_abandoned_by_a_failed_save_log_no_tracebacks(tmp_path, monkeypat
     import concurrent.futures
     import errno as errno_
 
-    from kljax.errors import UserError
-    from kljax.train.checkpoint import RunCheckpointer
+    from kljax.boundary.disk_faults import disk_fault_message
+    from kljax.train.checkpoint import CheckpointWriteError, RunCheckpointer
 
     def late_callback(error: Exception) -> None:
         future: concurrent.futures.Future = concurrent.futures.Future()
@@ -163,8 +163,9 @@ def test_writes_abandoned_by_a_failed_save_log_no_tracebacks(tmp_path, monkeypat
         raise OSError(errno_.ENOSPC, "No space left on device", str(tmp_path / "checkpoints" / "1"))
 
     monkeypatch.setattr(ckpt._manager, "save", full_disk)
-    with pytest.raises(UserError, match="no space is left"):
+    with pytest.raises(CheckpointWriteError) as raised:
         ckpt.save(1, {"w": np.zeros(2, np.float32)}, {})
+    assert "no space is left" in disk_fault_message(raised.value)
     late_callback(RuntimeError("Event loop is closed"))
     assert not [r for r in caplog.records if r.exc_info]
     late_callback(RuntimeError("something else"))
@@ -178,7 +179,7 @@ def test_calls_into_orbaxs_closed_event_loop_print_nothing_while_saving_and_afte
     a failed save; elsewhere asyncio's own behaviour is kept. In a child: the patch is process-wide."""
     script = textwrap.dedent("""
         import asyncio
-        from kljax.train.io_errors import drop_abandoned_write_callbacks, quiet_orbax_threads
+        from kljax.train.orbax_quiet import drop_abandoned_write_callbacks, quiet_orbax_threads
 
         def call(loop):
             try:
@@ -213,7 +214,7 @@ def test_a_failed_writes_echoes_in_threads_and_tasks_print_nothing_after_a_faile
     import errno as errno_
     import threading
 
-    from kljax.train.io_errors import drop_abandoned_write_callbacks
+    from kljax.train.orbax_quiet import drop_abandoned_write_callbacks
 
     full = ValueError("RESOURCE_EXHAUSTED: Failed to write 369 bytes: No space left on device [os_error_code='28']")
     other = ValueError("not a disk fault")

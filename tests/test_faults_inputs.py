@@ -202,20 +202,19 @@ def test_size_refused_before_allocation(files, capsys, case):
 def test_memory_estimate_against_a_given_limit():
     """The estimate of hidden_size=1e6 (the hostile pass's run killed at 9.5 GB) exceeds a 9.5 GiB
     machine, names both numbers; configs/tiny.py fits in 1 GiB."""
-    import ml_collections
+    import dataclasses
 
+    from kljax.config import load_run_config
     from kljax.errors import UserError
     from kljax.models.config import num_params
-    from kljax.train.config import load_config, validate
     from kljax.train.memory_check import check_train_fits, train_estimate
     from kljax.train.policy import tiny_model_config
 
-    config = load_config(ROOT / "configs" / "tiny.py")
-    settings = validate(config)
+    config = load_run_config(ROOT / "configs" / "tiny.py")
+    settings = config
     small = tiny_model_config(config.model, 19)
     check_train_fits(small, settings.rl, limit=(2**30, "1 GiB given"))
-    big_section = ml_collections.ConfigDict(config.model.to_dict())
-    big_section.tiny.hidden_size = 1_000_000
+    big_section = dataclasses.replace(config.model, tiny=dataclasses.replace(config.model.tiny, hidden_size=1_000_000))
     big = tiny_model_config(big_section, 19)
     estimate = train_estimate(big, settings.rl)
     assert estimate.parts["weights"] == 2 * 4 * num_params(big)  # trained copy + reference, float32

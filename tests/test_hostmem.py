@@ -1,4 +1,4 @@
-"""`kljax.kernels.cpu.hostmem`: when the `kljax` command re-executes itself with glibc's huge-page malloc tunable."""
+"""`kljax.util.hostmem`: when the `kljax` command re-executes itself with glibc's huge-page malloc tunable."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from kljax.cli.self_command import kljax_argv
-from kljax.kernels.cpu import hostmem
-from kljax.kernels.cpu.hostmem import RETAIN_TUNABLES, TUNABLE, tuned_environment
+from kljax.util import hostmem
+from kljax.util.hostmem import RETAIN_TUNABLES, TUNABLE, tuned_environment
+from kljax.util.self_command import kljax_argv
 
 GLIBC = (2, 36)
 

@@ -1,4 +1,4 @@
-"""kljax.train.interrupts: a Ctrl-C is raised once, never inside an import, and never after it was reported."""
+"""kljax.boundary.interrupts: a Ctrl-C is raised once, never inside an import, and never after it was reported."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from kljax.train import interrupts
+from kljax.boundary import interrupts
 
 pytestmark = pytest.mark.skipif(threading.current_thread() is not threading.main_thread(),
                                 reason="SIGINT handlers run in the main thread only")

@@ -16,13 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kljax.rl import kl_describe as words
 from kljax.rl.kl import KLConfig
-from kljax.rl.kl_describe import describe
-from kljax.rl.kl_table import PRESETS
 from kljax.rl.objective import kl_surrogate
 from kljax.studies.bias import exact
 from kljax.studies.bias.tabular import TabularSpace, init_logits
+from kljax.verdicts import kl as words
+from kljax.verdicts.kl import describe
+from kljax.verdicts.presets import PRESETS
 
 TOL = 1e-9
 

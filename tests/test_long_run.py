@@ -6,7 +6,7 @@ import jax
 import numpy as np
 from jax._src import dispatch
 
-from kljax.train.config import apply_overrides, load_config
+from kljax.config import load_run_config
 from kljax.train.metrics import read_jsonl
 from kljax.train.trainer import train
 
@@ -31,7 +31,7 @@ def count_lowerings(fn) -> int:
 
 def test_no_recompilation_after_warmup_and_no_memory_growth(tmp_path):
     def run(steps: int, name: str):
-        config = apply_overrides(load_config("configs/tiny.py"),
+        config = load_run_config(("configs/tiny.py"),
                                  [*MESH, f"--config.steps={steps}", f"--config.checkpoint_every={steps}"])
         return lambda: train(config, tmp_path / name, progress=False)
 
@@ -60,7 +60,7 @@ def test_nonfinite_steps_are_skipped_then_the_run_stops(tmp_path, monkeypatch):
         rewards, correct = real(task, examples, completions, **kw)
         return rewards * np.nan, correct
 
-    config = apply_overrides(load_config("configs/tiny.py"),
+    config = load_run_config(("configs/tiny.py"),
                              [*MESH, "--config.steps=20", "--config.checkpoint_every=1",
                               "--config.max_nonfinite_steps=3"])
     monkeypatch.setattr(rollout_mod, "score_batch", poisoned)

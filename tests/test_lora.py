@@ -15,10 +15,10 @@ import optax
 import pytest
 
 from kljax import sampling
+from kljax.config.sections import LoraConfig
 from kljax.models import lora
 from kljax.models import transformer as tfm
 from kljax.models.config import ModelConfig
-from kljax.models.lora_config import LoraConfig
 from kljax.parallel import sharding as shd
 from kljax.rl import objective as obj
 from kljax.rl.kl import KLConfig

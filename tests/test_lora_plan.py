@@ -6,17 +6,20 @@ import math
 import jax
 import jax.numpy as jnp
 
+from kljax.config import load_run_config, with_overrides
+from kljax.config.load import CONFIGS_DIR
 from kljax.models import lora
 from kljax.models import transformer as tfm
 from kljax.studies.plan import format_plan, make_plan, resolve_model
-from kljax.train.config import REPO_ROOT, apply_overrides, load_config
+
+REPO_ROOT = CONFIGS_DIR.parent
 
 TINY = REPO_ROOT / "configs" / "tiny.py"
 
 
 def test_lora_plan_counts_adapters_moments_and_one_base_copy():
-    config = apply_overrides(load_config(TINY), ["--config.model.dtype=bfloat16"])
-    with_lora = apply_overrides(config, ["--config.model.lora.rank=4", "--config.model.lora.targets=q,v,down"])
+    config = load_run_config((TINY), ["--config.model.dtype=bfloat16"])
+    with_lora = with_overrides(config, ["--config.model.lora.rank=4", "--config.model.lora.targets=q,v,down"])
     devices = jax.devices("cpu")[:8]
     full = make_plan(config, (1, 8, 1), devices=devices, programs=("train",), top=0)
     plan = make_plan(with_lora, (1, 8, 1), devices=devices, programs=("train",), top=0)

@@ -13,9 +13,9 @@ import pytest
 from kljax.cli import main as cli_main
 from kljax.rl import advantages as adv
 from kljax.rl import losses, objective
-from kljax.rl.describe import warn_if_biased
 from kljax.rl.kl import KLBiasWarning, KLConfig, adapt_beta
-from kljax.rl.kl_describe import describe
+from kljax.verdicts.kl import describe
+from kljax.verdicts.objective import warn_if_biased
 
 RNG = np.random.default_rng(0)
 VALUES = RNG.normal(size=(4, 6)).astype(np.float32)
@@ -204,7 +204,7 @@ def test_kl_configs_cli_json(capsys):
     assert by_name["k1-reward"]["scale"] == pytest.approx(1 / 32)
     assert by_name["k1-loss"]["kl_gradient"].startswith("zero in expectation")
     assert by_name["k3-loss"]["unbiased"] is False
-    assert by_name["none"]["unbiased"] is False and by_name["none"]["gradient"].endswith("grad E[R]")  # not grad J
+    assert by_name["none"]["unbiased"] is False and "grad E[R]" in by_name["none"]["gradient"]  # not grad J
     assert cli_main(["kl-configs"]) == 0
     assert "k3-loss" in capsys.readouterr().out
 
@@ -240,10 +240,10 @@ def test_kl_configs_takes_the_sampler_into_account(capsys):
 
 def test_shipped_default_run_states_its_tempered_objective():
     """What `kljax train` prints for configs/default.py (temperature 0.8): 1/32 x grad J of the tempered policy."""
-    from kljax.rl.describe import RunObjective, describe_objective
-    from kljax.train.config import load_config, validate
+    from kljax.config import load_run_config
+    from kljax.verdicts.objective import RunObjective, describe_objective
 
-    settings = validate(load_config())
+    settings = load_run_config()
     info = describe_objective(RunObjective.from_rl(settings.rl, settings.kl))
     assert settings.rl.temperature == 0.8 and info.verdict == "scaled" and info.scale == pytest.approx(1 / 32)
     assert info.gradient == "1/32 x grad J (for the tempered policy: pi = softmax(logits / 0.8) (rl.temperature), " \
@@ -251,7 +251,7 @@ def test_shipped_default_run_states_its_tempered_objective():
 
 
 def test_run_objective_warns_when_the_whole_objective_is_biased():
-    from kljax.rl.describe import RunObjective
+    from kljax.verdicts.objective import RunObjective
 
     with pytest.warns(KLBiasWarning, match="length weighting"):
         warn_if_biased(RunObjective(KLConfig("k1", "reward"), "seq-mean-token-mean"))

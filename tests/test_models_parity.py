@@ -12,8 +12,8 @@ transformers = pytest.importorskip("transformers")
 
 from kljax.models import transformer as tf  # noqa: E402
 from kljax.models.convert import export_hf, load_hf_checkpoint, read_hf_config  # noqa: E402
-from kljax.models.parity import transformers_logits  # noqa: E402
 from kljax.models.tiny import TINY_FAMILIES, save_tiny_hf_model  # noqa: E402
+from kljax.studies.parity import transformers_logits  # noqa: E402
 
 FAMILIES = sorted(TINY_FAMILIES)
 

@@ -14,9 +14,9 @@ pytest.importorskip("gguf")
 from kljax.cli import main  # noqa: E402
 from kljax.models import default  # noqa: E402
 from kljax.models.convert import check_vocab, load_hf_checkpoint  # noqa: E402
-from kljax.models.parity import prompt_token_ids, transformers_logits  # noqa: E402
 from kljax.models.transformer import apply  # noqa: E402
 from kljax.sampling import greedy_continuations, left_pad  # noqa: E402
+from kljax.studies.parity import prompt_token_ids, transformers_logits  # noqa: E402
 
 PROMPTS = ("What is 7 times 8?", "Write one sentence about the sea.", "Name a prime number.")
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kljax.config import RLConfig
 from kljax.parallel import distributed
-from kljax.train.config import RLConfig
 from kljax.train.metrics import deterministic, read_jsonl
 
 WORKER = Path(__file__).with_name("_multihost_worker.py")

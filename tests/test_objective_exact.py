@@ -1,4 +1,4 @@
-"""What `kljax.rl.describe` says of a run's objective is what the real rollout + train step do.
+"""What `kljax.verdicts.objective` says of a run's objective is what the real rollout + train step do.
 
 Every batch (one group per prompt, variable-length responses with a stop token) is enumerated
 exactly on a tabular policy and driven through `step.score`, the rollout's `assemble_batch` and
@@ -20,11 +20,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kljax.rl.describe import RunObjective, describe_objective
-from kljax.rl.kl_table import PRESETS
 from kljax.rl.objective import AGGREGATIONS, DEFAULT_AGGREGATION
 from kljax.studies.bias.through_trainer import Space, expected_update, true_gradient
 from kljax.train.step import StepSettings
+from kljax.verdicts.objective import RunObjective, describe_objective
+from kljax.verdicts.presets import PRESETS
 
 BETA = 0.5
 ADVANTAGES = ("rloo", "grpo", "dr_grpo")
@@ -97,8 +97,8 @@ def test_describe_matches_the_trainer_groups_of_three_two_micro_batches(preset):
 
 def test_default_objective_is_unbiased_up_to_its_normalizer():
     """The defaults of RLConfig / StepSettings / the base config give c grad J, c = (1/max_new_tokens)."""
+    from kljax.config import RLConfig
     from kljax.rl.kl import KLConfig
-    from kljax.train.config import RLConfig
 
     rl = RLConfig()
     info = describe_objective(RunObjective.from_rl(rl, KLConfig()))

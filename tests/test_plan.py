@@ -13,9 +13,9 @@ import jax
 import pytest
 
 from kljax.cli import main as cli_main
+from kljax.config import load_run_config, with_overrides
 from kljax.models.config import num_params
 from kljax.studies import plan as plan_lib
-from kljax.train.config import apply_overrides, load_config
 
 ONE_B = {  # TinyLlama-1.1B's configuration
     "architectures": ["LlamaForCausalLM"], "vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 5632,
@@ -28,7 +28,7 @@ def config_1b(tmp_path, **overrides):
     (tmp_path / "config.json").write_text(json.dumps(ONE_B))
     values = {"model.source": str(tmp_path), "rl.max_prompt_len": 64, "rl.max_new_tokens": 64, "rl.group_size": 2,
               **overrides}
-    return apply_overrides(load_config("configs/tiny.py"), [f"--config.{k}={v}" for k, v in values.items()])
+    return load_run_config(("configs/tiny.py"), [f"--config.{k}={v}" for k, v in values.items()])
 
 
 def test_parse_chip():
@@ -43,11 +43,10 @@ def test_parse_chip():
 
 
 def test_resolve_known_models():
-    config = load_config("configs/paper_qwen25_7b_math.py")
+    config = load_run_config("configs/paper_qwen25_7b_math.py")
     with pytest.raises(ValueError, match="known:qwen2.5-7b"):
         plan_lib.resolve_model(config.model)  # /path/to/Qwen2.5-7B does not exist
-    with config.unlocked():
-        config.model.source = "known:Qwen2.5-7B"
+    config = with_overrides(config, ["--config.model.source=known:Qwen2.5-7B"])
     model, name = plan_lib.resolve_model(config.model)
     assert name == "qwen2.5-7b" and model.num_layers == 28 and model.dtype == "bfloat16"
     assert 7.6e9 < num_params(model) < 7.7e9
@@ -119,12 +118,12 @@ def test_cli_plan_mesh_errors(capsys):
 def test_a_chip_is_planned_with_the_programs_it_runs():
     """kernels=auto on this CPU host would pick the XLA-CPU kernels; a plan for a GPU/TPU chip compiles
     the plain-JAX programs that chip runs (it compiled the CPU kernels' before), and says which."""
-    config = load_config("configs/tiny.py")
+    config = load_run_config("configs/tiny.py")
     devices = jax.devices("cpu")[:1]
     on_chip = plan_lib.make_plan(config, (1, 1, 1), devices=devices, chip="h100", programs=("score",))
     here = plan_lib.make_plan(config, (1, 1, 1), devices=devices, programs=("score",))
     assert on_chip.dtypes["kernels"] == "plain" and here.dtypes["kernels"] == "cpu"
     assert "kernels=plain" in plan_lib.format_plan(on_chip)
-    chosen = apply_overrides(config, ["--config.model.kernels=cpu"])  # asked for: kept
+    chosen = with_overrides(config, ["--config.model.kernels=cpu"])  # asked for: kept
     assert plan_lib.make_plan(chosen, (1, 1, 1), devices=devices, chip="h100", programs=("score",)).dtypes[
         "kernels"] == "cpu"

@@ -93,14 +93,14 @@ def test_the_end_of_run_listing_is_what_kljax_train_prints(tmp_path, monkeypatch
 
 
 def test_the_readme_yaml_config_is_a_valid_run_config(tmp_path):
-    from kljax.train.config import load_config, validate
+    from kljax.config import load_run_config
 
     text = (ROOT / "README.md").read_text()
     block = re.search(r"```yaml\n(.*?)```", text, re.S)
     assert block
     path = tmp_path / "run.yaml"
     path.write_text(block.group(1))
-    settings = validate(load_config(path))
+    settings = load_run_config(path)
     assert settings.rl.stop == ("0",) and settings.rl.min_p == 0.05
 
 
@@ -108,7 +108,7 @@ def test_every_documented_export_writes_outside_the_run_it_reads(tmp_path, monke
     """`kljax export RUN --out OUT` in the README and docs/: export refuses an OUT that is, lies
     inside or contains RUN (the run must survive), so no documented command may name one."""
     from kljax.errors import UserError
-    from kljax.train.owned_paths import check_apart
+    from kljax.util.owned_paths import check_apart
 
     monkeypatch.chdir(tmp_path)
     found = []

@@ -9,10 +9,10 @@ import textwrap
 import numpy as np
 import pytest
 
+from kljax.config import load_run_config, with_overrides
 from kljax.tasks import get_task, score_batch
 from kljax.tasks.base import Example, Score
 from kljax.tasks.reward_functions import parse_specs
-from kljax.train.config import apply_overrides, load_config
 from kljax.train.reward_set import RewardFunctionError, RewardSet
 
 USER_CODE = textwrap.dedent('''
@@ -56,8 +56,8 @@ def user_file(tmp_path):
 
 
 def reward_set(user_file, names, **reward):
-    c = load_config("configs/tiny.py")
-    c = apply_overrides(c, [f"--config.reward.functions={','.join(f'{user_file}:{n}' for n in names)}",
+    c = load_run_config("configs/tiny.py")
+    c = with_overrides(c, [f"--config.reward.functions={','.join(f'{user_file}:{n}' for n in names)}",
                             *[f"--config.reward.{k}={v}" for k, v in reward.items()]])
     return RewardSet.from_config(c, get_task("repeat_digit"), columns=["answer", "level"])
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from error_lines import the_error_line
 
+from kljax.boundary.reward_guard import in_process_guard
 from kljax.tasks import get_task
 from kljax.tasks.base import Example
 from kljax.train.reward_set import RewardFunctionError, RewardSet
@@ -40,7 +41,8 @@ def exits_quietly(completions, **kwargs):
 
 def test_os_exit_in_process_is_one_line_naming_the_function_and_os_exit_comes_back():
     real_exit = os._exit
-    rs = RewardSet(get_task("repeat_digit"), [("exits_quietly", exits_quietly)], [1.0], on_error="skip")
+    rs = RewardSet(get_task("repeat_digit"), [("exits_quietly", exits_quietly)], [1.0], on_error="skip",
+                   guard=in_process_guard)  # the boundary's guard, as the CLI and the API give it
     with pytest.raises(RewardFunctionError, match=r"'exits_quietly' .*called os._exit\(3\); the run stops"):
         rs(examples(), ["1", "2", "3"])
     assert os._exit is real_exit

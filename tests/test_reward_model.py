@@ -10,11 +10,11 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from benchmarks.rl import save_char_tokenizer  # noqa: E402
+from kljax.config import load_run_config  # noqa: E402
 from kljax.models.reward_model import load_reward_model, reward_scores  # noqa: E402
 from kljax.models.tiny import TINY_FAMILIES  # noqa: E402
 from kljax.tasks import get_task  # noqa: E402
 from kljax.tasks.base import Example  # noqa: E402
-from kljax.train.config import apply_overrides, load_config  # noqa: E402
 from kljax.train.reward_model_run import reward_from_config  # noqa: E402
 
 
@@ -65,7 +65,7 @@ def test_reward_model_with_functions_on_a_mesh(tmp_path):
 
     save_tiny_reward_model("qwen3", tmp_path / "rm")
     save_char_tokenizer(tmp_path / "rm", vocab_size=96)
-    config = apply_overrides(load_config("configs/tiny.py"), [
+    config = load_run_config(("configs/tiny.py"), [
         f"--config.reward.model={tmp_path / 'rm'}", "--config.reward.functions=format",
         "--config.reward.model_weight=0.5"])
     mesh = shd.make_mesh(1, 4, 2)

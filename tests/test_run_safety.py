@@ -14,13 +14,14 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from kljax.api import RLTrainer
+from kljax.boundary.workdir_lock import LOCK_NAME, WorkdirLock
 from kljax.cli import main as cli_main
+from kljax.config import load_run_config
 from kljax.errors import UserError
 from kljax.train.checkpoint_integrity import damage
-from kljax.train.config import apply_overrides, load_config
 from kljax.train.metrics import read_jsonl
 from kljax.train.trainer import train
-from kljax.train.workdir_lock import LOCK_NAME, WorkdirLock
 
 MESH = {"mesh.data": 1, "mesh.fsdp": 4, "mesh.tensor": 2}
 
@@ -28,7 +29,7 @@ MESH = {"mesh.data": 1, "mesh.fsdp": 4, "mesh.tensor": 2}
 def tiny(**overrides):
     # three checkpoints kept (the default keeps 2): the fall-back tests damage the newest two
     overrides = {**MESH, "eval_examples": 8, "checkpoint_every": 1, "keep_checkpoints": 3, **overrides}
-    return apply_overrides(load_config("configs/tiny.py"), [f"--config.{k}={v}" for k, v in overrides.items()])
+    return load_run_config(("configs/tiny.py"), [f"--config.{k}={v}" for k, v in overrides.items()])
 
 
 def state_files(step_dir):
@@ -50,7 +51,7 @@ def test_lock_refuses_a_live_owner_and_takes_over_a_dead_one(tmp_path):
     try:
         (tmp_path / LOCK_NAME).write_text(json.dumps({"pid": sleeper.pid, "host": socket.gethostname()}))
         with pytest.raises(UserError, match=f"in use by another run \\(pid {sleeper.pid}"):
-            train(tiny(steps=1), tmp_path, progress=False)
+            RLTrainer(config=tiny(steps=1), workdir=tmp_path, progress=False).train()  # the boundary's lock
         assert not (tmp_path / "checkpoints").exists()  # refused before anything was built
     finally:
         sleeper.kill()

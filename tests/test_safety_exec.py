@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from kljax.cli import plan as plan_cli
-from kljax.kernels.cpu import hostmem
 from kljax.studies import sweep as sweep_mod
+from kljax.util import hostmem
 
 SHADOWED = ("json", "argparse", "dataclasses")
 

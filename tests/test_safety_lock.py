@@ -1,4 +1,4 @@
-"""The stale-lock takeover of `kljax.train.workdir_lock` is atomic: many processes that find the same
+"""The stale-lock takeover of `kljax.boundary.workdir_lock` is atomic: many processes that find the same
 dead owner's run.lock at the same moment leave exactly one holder."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from kljax.train.workdir_lock import LOCK_NAME, WorkdirLock
+from kljax.boundary.workdir_lock import LOCK_NAME, WorkdirLock
 
 WORKERS, TRIALS, GAP_S = 8, 40, 0.03
 # Each worker takes part in every trial: at start + k * GAP_S it tries to take trial k's lock and,
@@ -19,7 +19,7 @@ _WORKER = """
 import os, sys, time
 from pathlib import Path
 from kljax.errors import UserError
-from kljax.train.workdir_lock import WorkdirLock
+from kljax.boundary.workdir_lock import WorkdirLock
 root, start, trials, gap = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 held = []
 for k in range(trials):

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from kljax.cli import main as cli_main
+from kljax.config import load_run_config
 from kljax.errors import UserError
 from kljax.studies import sweep as sweep_mod
-from kljax.train.config import apply_overrides, load_config
-from kljax.train.owned_paths import MARKER, is_marked
+from kljax.train import restore
 from kljax.train.trainer import train
+from kljax.util.owned_paths import MARKER, is_marked
 
 MESH = {"mesh.data": 1, "mesh.fsdp": 4, "mesh.tensor": 2}
 
@@ -31,7 +32,7 @@ def run1(tmp_path_factory):
     """A finished 1-step tiny run (its checkpoint at step 1)."""
     workdir = tmp_path_factory.mktemp("run1")
     overrides = {**MESH, "steps": 1, "eval_examples": 8, "checkpoint_every": 1}
-    train(apply_overrides(load_config("configs/tiny.py"), [f"--config.{k}={v}" for k, v in overrides.items()]),
+    train(load_run_config(("configs/tiny.py"), [f"--config.{k}={v}" for k, v in overrides.items()]),
           workdir, progress=False)
     return workdir
 
@@ -77,9 +78,8 @@ def test_export_overwrites_only_an_earlier_export_and_follows_a_symlink(run1, tm
 
 def test_export_hf_overwrite_deletes_only_its_own_output(run1, tmp_path):
     from kljax.models.convert import export_hf
-    from kljax.studies import evaluate as ev
 
-    params, policy, _, _ = ev.restore_params(run1)
+    params, policy, _, _ = restore.restore_params(run1)
     out = tmp_path / "hf"
     out.mkdir()
     (out / "mine.txt").write_text("keep me")
@@ -170,7 +170,7 @@ def test_new_run_refuses_a_workdir_holding_files_kljax_did_not_write(tmp_path):
     (tmp_path / "samples.jsonl").write_text('{"prompt": "my data"}\n')
     (tmp_path / "config.json").write_text('{"model_type": "llama"}\n')
     overrides = {**MESH, "steps": 1, "eval_examples": 8}
-    config = apply_overrides(load_config("configs/tiny.py"), [f"--config.{k}={v}" for k, v in overrides.items()])
+    config = load_run_config(("configs/tiny.py"), [f"--config.{k}={v}" for k, v in overrides.items()])
     with pytest.raises(UserError, match="holds config.json, samples.jsonl but no kljax run"):
         train(config, tmp_path, progress=False)
     assert (tmp_path / "samples.jsonl").read_text() == '{"prompt": "my data"}\n'

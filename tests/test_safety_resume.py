@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from kljax.api import RLTrainer
+from kljax.config import load_run_config
 from kljax.errors import UserError
 from kljax.train import run_logs, trainer
 from kljax.train.checkpoint_integrity import CHECKSUMS, PROMISE, damage
-from kljax.train.config import apply_overrides, load_config
 from kljax.train.metrics import read_jsonl
 from kljax.train.resume_check import check_resume
 from kljax.train.trainer import train
@@ -31,7 +32,7 @@ MESH = {"mesh.data": 1, "mesh.fsdp": 4, "mesh.tensor": 2}
 def tiny(**overrides):
     overrides = {**MESH, "eval_examples": 8, "checkpoint_every": 1, "log_samples_every": 1, "log_samples_n": 2,
                  **overrides}
-    return apply_overrides(load_config("configs/tiny.py"), [f"--config.{k}={v}" for k, v in overrides.items()])
+    return load_run_config(("configs/tiny.py"), [f"--config.{k}={v}" for k, v in overrides.items()])
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +139,7 @@ def test_a_sigint_inside_a_gc_callback_still_stops_the_run(tmp_path, monkeypatch
     gc.callbacks.append(interrupt_in_gc)
     try:
         with pytest.raises(KeyboardInterrupt, match="interrupted .*checkpoint at step"):
-            train(tiny(steps=6), tmp_path, progress=False)
+            RLTrainer(config=tiny(steps=6), workdir=tmp_path, progress=False).train()  # the fault boundary's
     finally:
         gc.callbacks.remove(interrupt_in_gc)
     assert fired and not unraisable

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from kljax import sampling
+from kljax.config import RLConfig
 from kljax.models import transformer as tf
 from kljax.models.config import ModelConfig
 from kljax.models.tokenizers import CharTokenizer
 from kljax.sampling import SamplingParams, generate, response_logprobs
 from kljax.sampling.sampler import sequence_ends_rn
 from kljax.sampling.stops import resolve_stops
-from kljax.train.config import RLConfig
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 from kljax.cli import main as cli_main
 from kljax.studies.report import InstabilityRule, instability
 from kljax.studies.sweep import _prepare, load_sweep, run_sweep
-from kljax.train.owned_paths import MARKER
+from kljax.util.owned_paths import MARKER
 
 # The tiny config sharded over the 8 simulated devices (tests/conftest.py).
 MESH = ["--config.mesh.data=1", "--config.mesh.fsdp=4", "--config.mesh.tensor=2"]

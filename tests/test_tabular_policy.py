@@ -11,12 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from kljax.models.policy_api import PolicyModel, as_policy
-from kljax.models.tabular import TabularPolicy, all_responses, sequence_probabilities
+from kljax.config import RLConfig
+from kljax.policies.protocol import PolicyModel, as_policy
+from kljax.policies.tabular import TabularPolicy, all_responses, sequence_probabilities
 from kljax.rl.kl import KLConfig
 from kljax.sampling import SamplingParams
 from kljax.tasks.base import Example, Score, Task
-from kljax.train.config import RLConfig
 from kljax.train.rollout import rollout
 from kljax.train.state import TrainState
 from kljax.train.step import StepSettings, score, train_step

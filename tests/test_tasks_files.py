@@ -7,11 +7,11 @@ import json
 
 import pytest
 
+from kljax.config import load_run_config, with_overrides
 from kljax.models.tokenizers import CharTokenizer
 from kljax.tasks.files import FileTask, parse_path
-from kljax.tasks.from_config import check_prompts, task_from_config
+from kljax.tasks.from_config import check_prompts, task_of
 from kljax.tasks.prompting import ANSWER_FORMATS, SYSTEM_PROMPT
-from kljax.train.config import apply_overrides, load_config
 from kljax.train.rollout import prompt_texts
 
 
@@ -24,8 +24,8 @@ ROWS = [{"question": f"{a}+{a}=", "answer": str(2 * a), "level": a % 3} for a in
 
 
 def config(**task):
-    c = load_config("configs/tiny.py")
-    return apply_overrides(c, [f"--config.task.{k}={v}" for k, v in task.items()])
+    c = load_run_config("configs/tiny.py")
+    return with_overrides(c, [f"--config.task.{k}={v}" for k, v in task.items()])
 
 
 class ChatTokenizer:
@@ -88,7 +88,7 @@ def test_missing_keys_name_the_file_and_row(tmp_path):
     with pytest.raises(ValueError, match=r"unknown data format 'xml'; valid formats"):
         FileTask("xml", "a.xml")
     with pytest.raises(ValueError, match=r"config\.task\.name='nope' is not valid; choose a task .*'jsonl'"):
-        task_from_config(config(name="nope"))
+        task_of(config(name="nope"))
 
 
 def test_prompts_system_prompt_template_messages_and_answer_line(tmp_path):
@@ -111,7 +111,7 @@ def test_prompts_system_prompt_template_messages_and_answer_line(tmp_path):
     chat = FileTask("jsonl", str(path), messages_key="messages", eval_fraction=0)
     assert prompt_texts(chat.examples("train"), chat, tok, "chat") == ["<user>hi<assistant>"]
     # config.task.system_prompt reaches built-in tasks too; "" leaves the system message out
-    builtin = task_from_config(config(system_prompt="", prompt_format="chat"))
+    builtin = task_of(config(system_prompt="", prompt_format="chat"))
     assert prompt_texts(builtin.examples("test", n=1), builtin, tok, "chat")[0].startswith("<user>")
 
 
@@ -131,18 +131,18 @@ def test_overlong_prompts_fail_naming_the_row_or_are_dropped(tmp_path):
     rows = [{"prompt": "1+1="}, {"prompt": "12345+6789="}, {"prompt": "2+2="}]
     path = write_jsonl(tmp_path / "d.jsonl", rows)
     c = config(name="jsonl", path=str(path), eval_fraction=0.0, eval_splits="train")
-    task = task_from_config(c)
+    task = task_of(c)
     with pytest.raises(ValueError, match=r"d\.jsonl, row 2: the prompt has 11 tokens after templating, more than "
                                          r"rl\.max_prompt_len=4.*task\.drop_overlong=True"):
-        check_prompts(task, c, CharTokenizer())
-    c = apply_overrides(c, ["--config.task.drop_overlong=True"])
-    task = task_from_config(c)
-    assert check_prompts(task, c, CharTokenizer()) == {"train": 1}
+        check_prompts(task, c.task, c.rl, CharTokenizer())
+    c = with_overrides(c, ["--config.task.drop_overlong=True"])
+    task = task_of(c)
+    assert check_prompts(task, c.task, c.rl, CharTokenizer()) == {"train": 1}
     assert [e.prompt for e in task.examples("train")] == ["1+1=", "2+2="]
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "1+x"}])
-    c = apply_overrides(c, [f"--config.task.path={bad}"])
+    c = with_overrides(c, [f"--config.task.path={bad}"])
     with pytest.raises(ValueError, match=r"bad\.jsonl, row 1: the prompt cannot be tokenized"):
-        check_prompts(task_from_config(c), c, CharTokenizer())
+        check_prompts(task_of(c), c.task, c.rl, CharTokenizer())
 
 
 def test_check_uses_the_answer_column(tmp_path):

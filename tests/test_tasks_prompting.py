@@ -59,7 +59,8 @@ def test_render_with_a_chat_template():
     text = render_prompt(EXAMPLE, get_task("arithmetic"), tokenizer)
     assert text.startswith(f"<|system|>{SYSTEM_PROMPT}<|user|>What is 2 + 3?") and text.endswith("<|assistant|>")
     assert tokenizer.calls == [(False, True)]
-    assert render_prompt(EXAMPLE, tokenizer=tokenizer, chat_template=True) == text
+    assert render_prompt(EXAMPLE, get_task("arithmetic"), tokenizer=tokenizer, chat_template=True) == text
+    assert text.endswith(ANSWER_FORMATS["answer_line"] + "<|assistant|>")  # arithmetic asks for "Answer: N"
 
 
 def test_render_without_a_chat_template():

@@ -12,6 +12,7 @@ from kljax.tasks import VerifierPool, answers, check_choice, check_integer, get_
 from kljax.tasks.base import Example
 from kljax.tasks.dm_math import answers_match
 from kljax.tasks.expression import ExpressionError, check_countdown_expression
+from kljax.tasks.rewards import score_one
 
 IN_PROCESS_LIMIT_S = 1.0  # the in-process checks are linear-time; far below this on any input here
 POOL_LIMIT_S = 5.0
@@ -44,8 +45,8 @@ def test_in_process_rewards_never_raise_and_are_fast(completion):
     arithmetic, countdown = get_task("arithmetic"), get_task("countdown")
     start = time.perf_counter()
     scores = [
-        arithmetic.score(ARITHMETIC, completion),
-        countdown.score(COUNTDOWN, completion),
+        score_one(arithmetic, ARITHMETIC, completion),
+        score_one(countdown, COUNTDOWN, completion),
         check_integer(completion, "85"),
         check_choice(completion, "B", MMLU.metadata["choices"]),
         get_task("gsm8k").check(ARITHMETIC, completion),

@@ -19,6 +19,7 @@ from kljax.tasks import (
     score_batch,
 )
 from kljax.tasks.base import Example
+from kljax.tasks.rewards import score_one
 
 
 @pytest.fixture(scope="module")
@@ -125,8 +126,8 @@ def test_score_batch_contract(pool):
 
 def test_task_score_uses_the_default_pool():
     math_example = Example("1/2 = ?", "\\frac{1}{2}", "math", "test", "m")
-    assert get_task("math").score(math_example, "\\boxed{\\frac{2}{4}}").correct
-    assert get_task("math").reward(math_example, "\\boxed{3}") == 0.0
+    assert score_one(get_task("math"), math_example, "\\boxed{\\frac{2}{4}}").correct
+    assert score_one(get_task("math"), math_example, "\\boxed{3}").reward == 0.0
 
 
 def test_hung_and_crashed_workers_are_replaced_without_losing_the_batch():

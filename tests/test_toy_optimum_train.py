@@ -13,18 +13,21 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from kljax.config import load_run_config
+from kljax.config.load import CONFIGS_DIR
 from kljax.errors import UserError
-from kljax.models.tabular import TabularPolicy, all_responses, sequence_probabilities
-from kljax.tasks.from_config import task_from_config
-from kljax.train.config import REPO_ROOT, apply_overrides, load_config
+from kljax.policies.tabular import TabularPolicy, all_responses, sequence_probabilities
+from kljax.tasks.from_config import task_of
 from kljax.train.trainer import train
+
+REPO_ROOT = CONFIGS_DIR.parent
 
 TABULAR = REPO_ROOT / "configs" / "toy_tabular.py"
 TRANSFORMER = REPO_ROOT / "configs" / "toy_transformer.py"
 
 
 def _config(path: Path, *overrides: str):
-    return apply_overrides(load_config(path), [f"--config.{o}" for o in overrides])
+    return load_run_config((path), [f"--config.{o}" for o in overrides])
 
 
 def _rows(workdir: Path) -> list[dict]:
@@ -56,7 +59,7 @@ def _brute_force(params, ref_params, beta: float, vocab: int = 3, response_len: 
 
 
 def test_task_responses_and_rewards_round_trip():
-    task = task_from_config(_config(TABULAR))
+    task = task_of(_config(TABULAR))
     policy = task.tabular_policy()
     ref = policy.init_params(jax.random.PRNGKey(0))
     task.bind(policy, ref)
@@ -114,14 +117,13 @@ def test_one_trainer_step_is_the_convergence_study_iteration(tmp_path):
     """The study's loop (kljax/studies/converge.py) and `kljax train` take the same update: same
     samples for the same key, same parameters after it (the trainer takes log pi from the sampler,
     the study re-scores: equal to float rounding)."""
-    from kljax.rl.kl import KLConfig
     from kljax.studies.converge import RunSettings, make_iteration
     from kljax.tasks.exact_optimum import make_task
     from kljax.train.state import TrainState
 
     summary = train(_config(TABULAR, "steps=1", "checkpoint_every=1"), tmp_path / "run", progress=False)
     task = make_task(seed=0)  # the same tabular pi_ref (PRNGKey(0), scale 1) and reward tables
-    kl = KLConfig.from_mapping(dict(load_config(TABULAR).kl))
+    kl = load_run_config(TABULAR).kl
     run = RunSettings(steps=1, group_size=8, learning_rate=0.1, end_lr_fraction=0.05)
     iteration, tx = make_iteration(task, kl, run)
     ref = task.ref_params

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kljax.cli import main as cli_main
-from kljax.train.config import apply_overrides, load_config, validate
+from kljax.config import load_run_config
 from kljax.train.metrics import deterministic, read_jsonl
 from kljax.train.trainer import train
 
@@ -19,7 +19,7 @@ MESH = {"mesh.data": 1, "mesh.fsdp": 4, "mesh.tensor": 2}
 
 def tiny(**overrides):
     overrides = {**MESH, **overrides}
-    return apply_overrides(load_config("configs/tiny.py"), [f"--config.{k}={v}" for k, v in overrides.items()])
+    return load_run_config(("configs/tiny.py"), [f"--config.{k}={v}" for k, v in overrides.items()])
 
 
 def stable(rows):
@@ -77,14 +77,14 @@ def test_async_level_samples_with_stale_params(tmp_path):
 )
 def test_invalid_configs_fail_before_compiling(override, message):
     with pytest.raises(ValueError, match=message):
-        validate(tiny(**override))
+        tiny(**override)
 
 
 def test_override_errors():
-    with pytest.raises(ValueError, match="unknown config field 'kl.bta'"):
-        apply_overrides(load_config("configs/tiny.py"), ["--config.kl.bta=0.1"])
-    with pytest.raises(ValueError, match="expected a int"):
-        apply_overrides(load_config("configs/tiny.py"), ["--config.steps=many"])
+    with pytest.raises(ValueError, match="unknown key kl.bta \\(did you mean 'beta'\\?\\)"):
+        load_run_config(("configs/tiny.py"), ["--config.kl.bta=0.1"])
+    with pytest.raises(ValueError, match="config.steps='many' is a str; expected an int"):
+        load_run_config(("configs/tiny.py"), ["--config.steps=many"])
 
 
 def test_cli_train_and_plot(tmp_path, capsys):

@@ -112,11 +112,15 @@ def test_two_checkpoints_kept_by_default_and_the_end_names_outputs_and_next_comm
 
 
 def test_report_to_names_are_checked():
-    assert tracking.parse_report_to("tensorboard, wandb") == ("tensorboard", "wandb")
-    assert tracking.parse_report_to("none") == () and tracking.parse_report_to("") == ()
-    assert tracking.parse_report_to(["mlflow"]) == ("mlflow",)
+    from kljax.config.sections import LoggingSection
+
+    assert LoggingSection("tensorboard, wandb").reporters == ("tensorboard", "wandb")
+    assert LoggingSection("none").reporters == () and LoggingSection("").reporters == ()
+    assert LoggingSection("all").reporters == tracking.TRACKERS
     with pytest.raises(UserError, match=r"unknown tracker\(s\) \['comet'\]"):
-        tracking.parse_report_to("wandb,comet")
+        LoggingSection("wandb,comet")
+    with pytest.raises(UserError, match=r"an empty tracker name"):
+        LoggingSection(",")
 
 
 @pytest.mark.parametrize("name,package", [("wandb", "wandb"), ("mlflow", "mlflow")])
@@ -133,12 +137,13 @@ def test_a_tracker_not_installed_fails_the_run_up_front_naming_the_extra(tmp_pat
 
 def test_a_resumed_run_reports_to_the_same_tracked_runs(tmp_path, monkeypatch):
     pytest.importorskip("mlflow", reason="MLflow is in the track extra (pip install 'kljax[track]')")
-    import ml_collections
     from mlflow.tracking import MlflowClient
+
+    from kljax.config import load_run_config
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file:{tmp_path / 'mlruns'}")
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    config = ml_collections.ConfigDict({"steps": 4, "logging": {"report_to": "mlflow", "project": "p", "run_name": ""}})
+    config = load_run_config({"steps": 4, "logging": {"report_to": "mlflow", "project": "p", "run_name": ""}})
     work = tmp_path / "run"
     work.mkdir()
     first = tracking.open_trackers(config, work, resume=False)

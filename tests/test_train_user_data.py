@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from kljax.cli import main as cli_main
+from kljax.config import load_run_config
 from kljax.models import transformer as tfm
 from kljax.models.tokenizers import CharTokenizer
-from kljax.studies import evaluate as ev
-from kljax.train.config import apply_overrides, load_config
+from kljax.train import restore
 from kljax.train.metrics import deterministic, read_jsonl
 from kljax.train.trainer import train
 
@@ -100,7 +100,7 @@ def test_plot_run_shows_kl_configuration_beta_and_evaluations(full_run):
 def test_resume_continues_the_epochs_where_they_stopped(full_run):
     tmp, overrides, full, _ = full_run
     # Stopped after 3 steps (an epoch of 8 train rows is 2 steps) and resumed: the same run.
-    config = apply_overrides(load_config("configs/tiny.py"), overrides)
+    config = load_run_config(("configs/tiny.py"), overrides)
     split = tmp / "split"
     assert train(config, split, progress=False, stop_after=3)["stopped_at"] == 3
     train(config, split, resume=True, progress=False)
@@ -123,7 +123,7 @@ def test_export_loads_in_transformers_with_the_same_logits(full_run, tmp_path, c
     text = "12+3=45"
     ids = CharTokenizer().encode(text)
     assert tokenizer.encode(text, add_special_tokens=False) == ids and tokenizer.decode(ids) == text
-    params, policy, _, step = ev.restore_params(workdir)
+    params, policy, _, step = restore.restore_params(workdir)
     want = np.asarray(tfm.apply(jax.device_get(params), np.asarray([ids], np.int32), config=policy.model))
     with torch.no_grad():
         got = model(torch.tensor([ids])).logits.numpy()

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from kljax.config import load_run_config
 from kljax.rl import advantages as adv
-from kljax.train.config import apply_overrides, load_config, validate
 from kljax.train.metrics import deterministic, read_jsonl
 from kljax.train.run_build import build
 from kljax.train.trainer import iteration, train
@@ -24,7 +24,7 @@ MESH = {"mesh.data": 1, "mesh.fsdp": 4, "mesh.tensor": 2}
 
 def tiny(**overrides):
     overrides = {**MESH, **overrides}
-    return apply_overrides(load_config("configs/tiny.py"), [f"--config.{k}={v}" for k, v in overrides.items()])
+    return load_run_config(("configs/tiny.py"), [f"--config.{k}={v}" for k, v in overrides.items()])
 
 
 def nbytes(tree) -> int:
@@ -39,7 +39,7 @@ def buffers(tree) -> set[int]:
 def test_train_is_build_then_repeated_iterations(tmp_path, overrides):
     config = tiny(steps=3, checkpoint_every=100, **overrides)
     summary = train(config, tmp_path, progress=False)
-    settings = validate(config)
+    settings = config
     run, state, ref_params = build(settings)
     snapshots, beta, rows = [ref_params] * settings.rl.async_level, float(settings.kl.beta), []
     for step in range(settings.steps):
@@ -55,7 +55,7 @@ def test_train_is_build_then_repeated_iterations(tmp_path, overrides):
 def test_build_holds_two_copies_of_the_weights_and_the_reference_stays_frozen():
     gc.collect()
     before = {id(x): x for x in jax.live_arrays()}  # held, so their ids cannot be reused
-    run, state, ref_params = build(validate(tiny()))
+    run, state, ref_params = build(tiny())
     new = [x for x in jax.live_arrays() if id(x) not in before]
     params = nbytes(state.params)
     # The state (params + Adam moments) and one frozen reference copy; no third copy of the weights.
@@ -65,7 +65,7 @@ def test_build_holds_two_copies_of_the_weights_and_the_reference_stays_frozen():
     frozen = jax.device_get(ref_params)
     initial = jax.device_get(state.params)
     for step in range(3):
-        state = iteration(run, state, ref_params, step, beta=float(run.settings.kl.beta)).state
+        state = iteration(run, state, ref_params, step, beta=float(run.config.kl.beta)).state
     jax.tree.map(np.testing.assert_array_equal, frozen, jax.device_get(ref_params))
     moved = jax.tree.leaves(jax.tree.map(lambda a, b: bool(np.any(a != b)), initial, jax.device_get(state.params)))
     assert any(moved)
@@ -75,7 +75,7 @@ def test_bfloat16_compute_keeps_the_reference_in_bfloat16_with_the_same_iteratio
     """With bfloat16 compute over float32 params the frozen reference is held in bfloat16 (half its
     bytes), and iterations equal those scored against the float32 reference exactly."""
     bf16 = {"model.dtype": "bfloat16", "model.scan_layers": False, "kl.estimator": "k3", "kl.placement": "loss"}
-    settings = validate(tiny(**bf16))
+    settings = tiny(**bf16)
     run, state, ref_params = build(settings)
     _, state32, _ = build(settings)
     ref32 = jax.tree.map(jnp.copy, state32.params)  # the initial weights in float32
@@ -95,8 +95,8 @@ def test_score_time_includes_the_asynchronous_scoring(monkeypatch):
     """Advantages (the last result of the score phase) that are ready DELAY seconds after their
     dispatch returns are timed as score, not as update (where the train step would wait for them)."""
     delay = 0.5
-    run, state, ref_params = build(validate(tiny()))
-    beta = float(run.settings.kl.beta)
+    run, state, ref_params = build(tiny())
+    beta = float(run.config.kl.beta)
     state = iteration(run, state, ref_params, 0, beta=beta).state  # compiles
 
     def sleep_then_zero():
@@ -128,9 +128,9 @@ def test_sampler_is_policy_only_when_the_sampler_draws_from_pi(rl, kl, reused):
     from kljax.train.rollout import sampler_is_policy
 
     dtype = rl.get("dtype", "float32")
-    settings = validate(tiny(**{f"rl.{k}": v for k, v in rl.items() if k != "dtype"},
+    settings = (tiny(**{f"rl.{k}": v for k, v in rl.items() if k != "dtype"},
                              **{f"kl.{k}": v for k, v in kl.items()}, **{"model.dtype": dtype}))
-    model = tiny_model_config(settings.raw.model, settings.raw.model.tiny.vocab_size)
+    model = tiny_model_config(settings.model, settings.model.tiny.vocab_size)
     assert model.dtype == dtype
     assert sampler_is_policy(settings.rl, settings.kl, model) is reused
 
@@ -144,8 +144,8 @@ def test_reusing_the_samplers_logprobs_equals_rescoring(kl):
     entropy metrics, builds the same advantages and makes the same update as the one that re-scores."""
     results = {}
     for reuse in (True, False):
-        run, state, ref_params = build(validate(tiny(**kl, **{"rl.reuse_sampler_logprobs": reuse})))
-        beta, rows = float(run.settings.kl.beta), []
+        run, state, ref_params = build(tiny(**kl, **{"rl.reuse_sampler_logprobs": reuse}))
+        beta, rows = float(run.config.kl.beta), []
         for step in range(2):
             it = iteration(run, state, ref_params, step, beta=beta)
             state, beta = it.state, it.beta
@@ -176,8 +176,8 @@ def test_policy_scored_in_update_only_when_nothing_needs_log_pi_before_the_updat
     from kljax.train.policy import tiny_model_config
     from kljax.train.rollout import policy_scored_in_update
 
-    settings = validate(tiny(**{"kl.estimator": "k3", "kl.placement": "loss", **overrides}))
-    model = tiny_model_config(settings.raw.model, settings.raw.model.tiny.vocab_size)
+    settings = tiny(**{"kl.estimator": "k3", "kl.placement": "loss", **overrides})
+    model = tiny_model_config(settings.model, settings.model.tiny.vocab_size)
     assert policy_scored_in_update(settings.rl, settings.kl, model) is in_update
 
 
@@ -193,8 +193,8 @@ def test_metrics_from_the_update_equal_those_of_a_policy_scoring_pass(monkeypatc
     for in_update in (True, False):
         if not in_update:
             monkeypatch.setattr(run_build, "policy_scored_in_update", lambda *a: False)
-        run, state, ref_params = build(validate(config))
-        beta, rows = float(run.settings.kl.beta), []
+        run, state, ref_params = build(config)
+        beta, rows = float(run.config.kl.beta), []
         for step in range(2):
             it = iteration(run, state, ref_params, step, beta=beta)
             state, beta = it.state, it.beta

@@ -13,12 +13,12 @@ import textwrap
 import numpy as np
 import pytest
 
+from kljax.config import load_run_config, with_overrides
 from kljax.errors import UserError
 from kljax.tasks import get_task
 from kljax.tasks.base import Example
 from kljax.tasks.files import FileTask
 from kljax.tasks.pool import VerifierPool
-from kljax.train.config import apply_overrides, load_config, validate
 from kljax.train.reward_set import RewardFunctionError, RewardSet
 
 
@@ -196,19 +196,19 @@ def test_exit_or_interrupt_in_process_is_one_line_naming_the_function(exc, words
                                          ("import sys\nsys.exit(0)\n", "SystemExit: 0")])
 def test_a_reward_files_import_runs_in_a_worker_within_the_time_limit(tmp_path, body, words):
     (tmp_path / "r.py").write_text(body + "def f(completions, **kw):\n    return [0.0] * len(completions)\n")
-    c = apply_overrides(load_config("configs/tiny.py"), [f"--config.reward.functions={tmp_path / 'r.py'}:f",
+    c = load_run_config(("configs/tiny.py"), [f"--config.reward.functions={tmp_path / 'r.py'}:f",
                                                           "--config.reward.timeout_s=2.0"])
     with pytest.raises(RewardFunctionError, match=rf"'f' .*could not be loaded in a reward worker process: .*{words}"):
         RewardSet.from_config(c, get_task("repeat_digit"))
     if "exit" in body:  # in this process (no time limit): the exit is named, not obeyed
-        c = apply_overrides(c, ["--config.reward.timeout_s=None"])
+        c = with_overrides(c, ["--config.reward.timeout_s=None"])
         with pytest.raises(ValueError, match=r"could not import .*SystemExit"):
             RewardSet.from_config(c, get_task("repeat_digit"))
 
 
 def test_a_hanging_function_costs_about_one_time_limit(tmp_path):
     (tmp_path / "r.py").write_text("import time\ndef hang(completions, **kw):\n    time.sleep(60)\n")
-    c = apply_overrides(load_config("configs/tiny.py"), [f"--config.reward.functions={tmp_path / 'r.py'}:hang",
+    c = load_run_config(("configs/tiny.py"), [f"--config.reward.functions={tmp_path / 'r.py'}:hang",
                                                           "--config.reward.timeout_s=1.0"])
     rs = RewardSet.from_config(c, get_task("repeat_digit"))
     try:
@@ -223,7 +223,7 @@ def test_with_on_error_skip_hangs_cost_a_bounded_time(tmp_path):
     (tmp_path / "r.py").write_text("import time\ndef hang(completions, **kw):\n"
                                    "    if completions[0] == 'x':\n        time.sleep(60)\n"
                                    "    return [1.0] * len(completions)\n")
-    c = apply_overrides(load_config("configs/tiny.py"), [f"--config.reward.functions={tmp_path / 'r.py'}:hang",
+    c = load_run_config(("configs/tiny.py"), [f"--config.reward.functions={tmp_path / 'r.py'}:hang",
                                                           "--config.reward.timeout_s=1.0",
                                                           "--config.reward.on_error=skip"])
     rs = RewardSet.from_config(c, get_task("repeat_digit"))
@@ -269,14 +269,13 @@ def test_a_job_the_worker_cannot_unpickle_is_that_jobs_error_without_a_traceback
 
 
 @pytest.mark.parametrize("field, message", [
-    ("weights='abc'", r"reward\.weights='abc' must be finite numbers"),
+    ("weights='abc'", r"reward\.weights='abc' is a str; expected a list or None"),
     ("timeout_s=-1.0", r"reward\.timeout_s=-1\.0 must be a number of seconds > 0"),
     ("on_error='ignore'", r"reward\.on_error='ignore' is not valid; choose one of \['raise', 'skip'\]"),
 ])
 def test_reward_settings_are_validated_without_any_function(field, message):
-    c = apply_overrides(load_config("configs/tiny.py"), [f"--config.reward.{field}"])
     with pytest.raises(UserError, match=message):
-        validate(c)
+        load_run_config("configs/tiny.py", [f"--config.reward.{field}"])
 
 
 def test_a_function_of_main_runs_in_the_pool(tmp_path):
@@ -303,7 +302,7 @@ def test_a_main_spec_runs_with_the_time_limit(monkeypatch):
 
     main_fn.__module__, main_fn.__qualname__ = "__main__", "kljax_test_main_fn"
     monkeypatch.setattr(sys.modules["__main__"], "kljax_test_main_fn", main_fn, raising=False)
-    c = apply_overrides(load_config("configs/tiny.py"), ["--config.reward.functions=__main__:kljax_test_main_fn",
+    c = load_run_config(("configs/tiny.py"), ["--config.reward.functions=__main__:kljax_test_main_fn",
                                                           "--config.reward.timeout_s=30.0"])
     rs = RewardSet.from_config(c, get_task("repeat_digit"), columns=["answer"])
     try:

@@ -25,17 +25,17 @@ import numpy as np
 import optax
 import pytest
 
-from kljax.models.tabular import TabularPolicy, all_responses
+from kljax.config import RLConfig, load_run_config
 from kljax.models.transformer import positions_from_mask
-from kljax.rl.describe import RunObjective, describe_objective
+from kljax.policies.tabular import TabularPolicy, all_responses
 from kljax.rl.kl import KLConfig
 from kljax.sampling import SampleResult
 from kljax.sampling.logits import sampling_entropy, sampling_logprobs
 from kljax.tasks.base import Example
-from kljax.train.config import RLConfig, load_config, validate
 from kljax.train.rollout import rollout, sampler_is_policy
 from kljax.train.state import TrainState
 from kljax.train.step import StepSettings, score, train_step
+from kljax.verdicts.objective import RunObjective, describe_objective
 
 VOCAB, R, STOP = 2, 2, 1
 RESPONSES, MASKS = all_responses(VOCAB, R, STOP)
@@ -82,7 +82,7 @@ class ForcedSampler:
 
 def default_settings(**rl_changes) -> tuple[KLConfig, RLConfig]:
     """configs/default.py's kl and rl, buffers shrunk to the toy (one prompt of one token, R tokens)."""
-    settings = validate(load_config())
+    settings = load_run_config()
     rl = dataclasses.replace(settings.rl, prompts_per_step=1, max_prompt_len=1, max_new_tokens=R, **rl_changes)
     return settings.kl, rl
 
@@ -211,7 +211,7 @@ def test_shipped_default_run_verdict_holds_through_the_real_rollout(x64):
     info = _check(kl, rl, g1, truth0)
     assert info.verdict == "scaled" and info.scale == pytest.approx(1 / R)
     assert "softmax(logits / 0.8)" in info.gradient
-    full_run = validate(load_config()).rl
+    full_run = load_run_config().rl
     assert describe_objective(RunObjective.from_rl(full_run, kl)).gradient.startswith(
         f"1/{full_run.max_new_tokens} x grad J (for the tempered policy: pi = softmax(logits / 0.8)")
     _check(kl, rl, g2, truth1, updates_per_batch=2)

@@ -1,5 +1,5 @@
 """`kljax audit PEER [key=value ...] [--file FILE] [--json]`: another trainer's KL settings as a
-kljax configuration, with its expected gradient (`kljax.rl.audit`, `kljax.rl.describe`): "equivalent"
+kljax configuration, with its expected gradient (`kljax.verdicts.audit`, `kljax.verdicts.objective`): "equivalent"
 where the two gradients agree, "approximately" with each difference named and measured otherwise.
 
 Settings come from FILE (JSON, or YAML; nested sections flatten to dotted keys, as verl's) and
@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from kljax.errors import UserError
-from kljax.rl.audit import overrides, translation
-from kljax.rl.audit_peers import PEERS, canonical, settings_with_defaults
-from kljax.rl.describe import describe_objective
+from kljax.verdicts.audit import overrides, translation
+from kljax.verdicts.objective import describe_objective
+from kljax.verdicts.peers import PEERS, canonical, settings_with_defaults
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

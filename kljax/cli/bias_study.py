@@ -21,6 +21,11 @@ from typing import Any
 
 import ml_collections
 
+from kljax.config.load import python_config
+from kljax.errors import UserError
+from kljax.studies.bias import plots, report
+from kljax.studies.bias.study import run_study
+
 DEFAULT_CONFIG = "configs/bias_default.py"
 
 
@@ -33,10 +38,14 @@ def default_config_path() -> Path:
 
 
 def load_config(path: str | Path) -> ml_collections.ConfigDict:
-    """Import an ml_collections config file by path and call its get_config()."""
-    from kljax.train.config_files import get_config_of
-
-    return get_config_of(path, hint=f" (try {DEFAULT_CONFIG})")
+    """get_config() of a bias-study config file (a .py file returning an ml_collections ConfigDict)."""
+    path = Path(path)
+    if not path.is_file():
+        what = "is a directory, not a config file" if path.is_dir() else "does not exist"
+        raise UserError(f"config file {str(path)!r} {what} (try {DEFAULT_CONFIG})")
+    if path.suffix.lower() != ".py":
+        raise UserError(f"config file {str(path)!r}: this command takes a Python config file with get_config()")
+    return python_config(path)
 
 
 def _parse_value(text: str, current: Any) -> Any:
@@ -122,8 +131,9 @@ OPTIONAL_FIELDS = ("mc_chunk_size", "transformer", "plots")  # the study has def
 def check_is_bias_config(config: Any, path: str | Path) -> None:
     """UserError unless `config` has every field of the default bias-study config (a run config,
     e.g. configs/tiny.py, has none of them)."""
-    from kljax.errors import UserError
 
+    if isinstance(config, dict) and {"model", "task", "rl"} & {k.split(".")[0] for k in config}:
+        config = ml_collections.ConfigDict({k.split(".")[0]: v for k, v in config.items()})  # a run config's fields
     if not isinstance(config, ml_collections.ConfigDict):
         raise UserError(f"{path}: get_config() returned a {type(config).__name__}, not a bias-study config")
     needed = [k for k in load_config(default_config_path()).keys() if k not in OPTIONAL_FIELDS]
@@ -131,7 +141,7 @@ def check_is_bias_config(config: Any, path: str | Path) -> None:
     missing = sorted((k for k in needed if k not in config), key=lambda k: (k not in first, first.index(k)
                                                                               if k in first else 0, k))
     if missing:
-        run_config = all(k in config for k in ("model", "task", "rl"))
+        run_config = any(k in config for k in ("model", "task", "rl"))
         hint = " (it is a run config: `kljax train` takes it)" if run_config else ""
         shown = missing[:4] + (["..."] if len(missing) > 4 else [])
         raise UserError(f"{path} is not a bias-study config{hint}: it lacks {len(missing)} of its fields "
@@ -159,8 +169,6 @@ def build_config(args: argparse.Namespace) -> ml_collections.ConfigDict:
 
 def run(args: argparse.Namespace) -> int:
     """Run the study, print the table, write the requested files. 0 on success, 2 on bad input."""
-    from kljax.studies.bias import report
-    from kljax.studies.bias.study import run_study
 
     start = time.perf_counter()
     for flag in ("out",):
@@ -183,7 +191,6 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         written += report.write_outputs(result, args.out)
         if not args.no_plots and config.get("plots", True):
-            from kljax.studies.bias import plots
 
             written += plots.save_all(result, args.out)
     if args.json:

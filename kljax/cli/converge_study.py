@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from kljax.errors import UserError
+from kljax.studies.study import StudyConfig, run_study
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -54,7 +55,6 @@ def _list(text: str, kind: type, flag: str) -> tuple:
 
 def build_config(args: argparse.Namespace):
     """The StudyConfig of the command line (full or --quick, then the explicit overrides)."""
-    from kljax.studies.study import StudyConfig
 
     cfg = StudyConfig.quick() if args.quick else StudyConfig.full()
     changes = {}
@@ -105,7 +105,6 @@ def _significant(array, digits: int = 4) -> list:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from kljax.studies.study import run_study
 
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
         raise UserError(f"--out {args.out} is an existing file; give a directory")

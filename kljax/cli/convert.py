@@ -13,6 +13,21 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from kljax.errors import UserError
+from kljax.models.convert import (
+    check_hf_dir,
+    check_vocab,
+    export_hf,
+    load_hf_checkpoint,
+    model_config_from_dir,
+    read_hf_config,
+)
+from kljax.models.default import default_model_dir
+from kljax.models.hf_tokenizer import load_hf_tokenizer
+from kljax.models.orbax_params import is_orbax_model, load_orbax_model, save_orbax_model
+from kljax.studies.parity import DEFAULT_PROMPTS, compare_with_transformers, has_tokenizer, prompt_token_ids
+from kljax.train.export import is_run_workdir, workdir_hint
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="HF checkpoint dir (or, with --export, a kljax orbax dir); "
@@ -31,10 +46,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import math
 
-    from kljax.models.default import default_model_dir
 
     if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
-        from kljax.errors import UserError
 
         raise UserError(f"--tolerance={args.tolerance:g} must be a finite number >= 0 (the largest allowed "
                         "|logit difference| of --check)")
@@ -42,16 +55,11 @@ def run(args: argparse.Namespace) -> int:
         print(default_model_dir())
         return 0
     model_dir = args.model or str(default_model_dir())
-    from kljax.cli.export import is_run_workdir, workdir_hint
 
     if is_run_workdir(model_dir):
-        from kljax.errors import UserError
 
         raise UserError(workdir_hint(model_dir))
     if args.check:
-        from kljax.models.convert import check_hf_dir, read_hf_config
-        from kljax.models.hf_tokenizer import load_hf_tokenizer
-        from kljax.models.parity import DEFAULT_PROMPTS, compare_with_transformers, has_tokenizer, prompt_token_ids
 
         check_hf_dir(model_dir)
         if has_tokenizer(model_dir):
@@ -64,7 +72,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"tolerance={args.tolerance:g} {'OK' if worst <= args.tolerance else 'FAILED'}")
         print(f"max_abs_diff={worst:.6e}")
         return 0 if worst <= args.tolerance else 1
-    from kljax.errors import UserError
 
     if not args.out:
         raise UserError("--out is required to convert or export")
@@ -72,8 +79,6 @@ def run(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is an existing file; give a new directory")
     if args.export:
-        from kljax.models.convert import export_hf, model_config_from_dir, read_hf_config
-        from kljax.models.orbax_params import is_orbax_model, load_orbax_model
 
         if not is_orbax_model(model_dir):
             raise UserError(f"--export --model {model_dir} is not a kljax orbax model dir (params/ + config.json)")
@@ -85,10 +90,6 @@ def run(args: argparse.Namespace) -> int:
         out = export_hf(params, config, args.out, hf_config=hf_config, tokenizer_dir=model_dir)
         print(out)
         return 0
-    from kljax.models.convert import check_hf_dir, check_vocab, load_hf_checkpoint, read_hf_config
-    from kljax.models.hf_tokenizer import load_hf_tokenizer
-    from kljax.models.orbax_params import save_orbax_model
-    from kljax.models.parity import has_tokenizer
 
     if (out / "params").exists():
         raise UserError(f"--out {out} already holds params/; give a new directory")

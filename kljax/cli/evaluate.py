@@ -4,16 +4,30 @@
     kljax eval --checkpoint WORKDIR [--step S] [--tasks ...] [--n-examples N] [--config.rl.temperature=0.7]
 
 Settings (prompt format, buffers, temperature, number of examples, seed) come from the run config:
-WORKDIR/config.json for --checkpoint, else --config FILE (default configs/tiny.py for --model tiny,
-configs/default.py otherwise); flags and `--config.field=value` overrides change them. See
+WORKDIR/config.json for --checkpoint, else --config FILE (default: configs/tiny.py for --model tiny,
+the default run otherwise); flags and `--config.field=value` overrides change them. See
 `kljax.studies.evaluate` for the estimators.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
+import dataclasses
 from pathlib import Path
+
+import jax
+
+from kljax.boundary.disk_faults import disk_fault_message
+from kljax.config.load import CONFIGS_DIR, load_run_config, with_overrides
+from kljax.config.run import RunConfig
+from kljax.config.sections import MODEL_SOURCES
+from kljax.errors import UserError
+from kljax.studies import evaluate as ev
+from kljax.studies.eval_tasks import splits_for
+from kljax.train.restore import load_model, make_mesh, restore_params, run_config_of
+from kljax.train.run_build import enable_compilation_cache
+from kljax.train.run_logs import dumps
+from kljax.util.owned_paths import check_apart, check_writable
 
 ACCEPTS_CONFIG_OVERRIDES = True
 
@@ -53,78 +67,56 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def _base_config(args: argparse.Namespace):
-    from kljax.train.config import REPO_ROOT, load_config
-
+def _base_config(args: argparse.Namespace) -> RunConfig:
     if args.config:
-        return load_config(args.config)
-    return load_config(REPO_ROOT / "configs" / ("tiny.py" if args.model == "tiny" else "default.py"))
+        return load_run_config(args.config)
+    tiny = CONFIGS_DIR / "tiny.py"
+    return load_run_config(tiny if args.model == "tiny" and tiny.is_file() else None)
 
 
 def run(args: argparse.Namespace) -> int:
-    import jax
-
-    from kljax.studies import evaluate as ev
-    from kljax.train.config import apply_overrides
-    from kljax.train.run_build import enable_compilation_cache
-
     if args.json and Path(args.json).is_dir():
-        raise ValueError(f"--json {args.json} is a directory; give a file path")
+        raise UserError(f"--json {args.json} is a directory; give a file path")
     if args.json:
-        from kljax.train.io_errors import check_writable
-
         check_writable(args.json, "--json")  # before the evaluation, not after it
+        if args.checkpoint:
+            check_apart(args.json, args.checkpoint, "--json", "the run")  # never over the run it reads
     enable_compilation_cache()
     overrides = list(getattr(args, "overrides", []))
-    try:
-        if args.checkpoint:
-            config = ev.checkpoint_config(args.checkpoint, overrides)
-        else:
-            config = apply_overrides(_base_config(args), [*overrides, f"--config.model.source={args.model}"])
-            if args.model not in ("tiny", "default") and not Path(args.model).is_dir():
-                raise ValueError(f"--model {args.model!r} is neither 'tiny', 'default' nor a directory")
-        settings = ev.EvalSettings.from_run_config(
-            config, k=args.k, n_samples=args.n_samples, n_examples=args.n_examples, temperature=args.temperature,
-            batch_size=args.batch_size, prompt_format=args.prompt_format, seed=args.seed,
-        )
-        from kljax.studies.eval_tasks import splits_for
-
-        splits = splits_for(config, args.tasks)  # the run's own task (file tasks too) or name:split specs
-        ev.check_memory(splits, settings)  # before the model loads or an example is made
-        if args.checkpoint:
-            params, policy, config, step = ev.restore_params(args.checkpoint, args.step, overrides=overrides)
-            mesh = jax.tree.leaves(params)[0].sharding.mesh  # the mesh the checkpoint was restored onto
-            source = {"checkpoint": str(args.checkpoint), "step": step, "model": config.model.source}
-            train_task = str(config.task.name)
-        else:
-            mesh = ev.make_mesh(config)
-            policy = ev.load_model(config, mesh)
-            params = policy.params
-            source = {"model": args.model}
-            train_task = None
-        results = ev.evaluate(policy, params, splits, settings, mesh, train_task=train_task,
-                              progress=not args.no_progress)
-    except ValueError as e:
-        if getattr(args, "debug", False):
-            raise
-        print(f"kljax eval: error: {e}", file=sys.stderr)
-        return 2
+    if args.checkpoint:
+        config = run_config_of(args.checkpoint, overrides)
+    else:
+        if args.model not in MODEL_SOURCES and not Path(args.model).is_dir():
+            raise UserError(f"--model {args.model!r} is neither 'tiny', 'default' nor a directory")
+        config = with_overrides(_base_config(args), [*overrides, f"--config.model.source={args.model}"])
+    settings = ev.EvalSettings.from_run_config(
+        config, k=args.k, n_samples=args.n_samples, n_examples=args.n_examples, temperature=args.temperature,
+        batch_size=args.batch_size, prompt_format=args.prompt_format, seed=args.seed,
+    )
+    splits = splits_for(config, args.tasks)  # the run's own task (file tasks too) or name:split specs
+    ev.check_memory(splits, settings)  # before the model loads or an example is made
+    if args.checkpoint:
+        params, policy, config, step = restore_params(args.checkpoint, args.step, overrides=overrides)
+        mesh = jax.tree.leaves(params)[0].sharding.mesh  # the mesh the checkpoint was restored onto
+        source = {"checkpoint": str(args.checkpoint), "step": step, "model": config.model.source}
+        train_task = config.task.name
+    else:
+        mesh = make_mesh(config)
+        policy = load_model(config, mesh)
+        params = policy.params
+        source = {"model": args.model}
+        train_task = None
+    results = ev.evaluate(policy, params, splits, settings, mesh, train_task=train_task,
+                          progress=not args.no_progress)
     print(ev.format_table(results))
     summary = ev.summarize(results)
     if args.json:
-        import dataclasses
-
         used = {**dataclasses.asdict(settings), "n_samples": settings.samples}
         payload = {**source, "settings": used, "summary": summary, "results": results}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        from kljax.train.run_logs import dumps
-
         try:
             Path(args.json).write_text(dumps(payload, indent=2))  # strict JSON: null, never NaN
         except OSError as e:  # a full or read-only disk: name the file (a failed write() names none)
-            from kljax.errors import UserError
-            from kljax.train.io_errors import disk_fault_message
-
             message = disk_fault_message(e, f"--json {args.json}")
             if message is None:
                 raise

@@ -1,150 +1,26 @@
-"""`kljax export WORKDIR --out DIR [--step N]`: a run's trained policy as a Hugging Face checkpoint.
-
-DIR gets config.json + safetensors (`kljax.models.convert.export_hf`) and the tokenizer, so that
-`transformers.AutoModelForCausalLM.from_pretrained(DIR)` and `AutoTokenizer.from_pretrained(DIR)`
-load it. The config.json is the source checkpoint's (an HF directory, or the embedded default
-model's); a run on the tiny random model gets a generated one and an HF tokenizer with the
-character tokenizer's ids (`char_tokenizer_files`).
-"""
+"""`kljax export WORKDIR --out DIR [--step N]`: a run's trained policy as a Hugging Face checkpoint
+(`kljax.train.export`)."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import shutil
-import tempfile
-from pathlib import Path
-from typing import Any
+
+from kljax.train.export import EXPORT_DTYPES, EXPORT_FORMATS, export_run
 
 ACCEPTS_CONFIG_OVERRIDES = True
-EXPORT_RECORD = "kljax_export.json"  # the run and step an export came from; also marks it as written by export
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("workdir", help="a `kljax train` workdir")
     parser.add_argument("--out", required=True, help="output directory (must be new or empty, or pass --overwrite)")
     parser.add_argument("--step", type=int, default=None, help="the checkpoint step (default: the latest)")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+    parser.add_argument("--dtype", choices=list(EXPORT_DTYPES), default=None,
                         help="dtype of the written tensors (default: the run's param dtype)")
-    parser.add_argument("--format", dest="fmt", choices=["merged", "peft"], default="merged",
+    parser.add_argument("--format", dest="fmt", choices=list(EXPORT_FORMATS), default="merged",
                         help="merged: a full HF checkpoint (a LoRA run's adapters merged into the base); "
                              "peft: a LoRA run's adapters as a PEFT adapter directory for its base")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace a non-empty --out that an earlier `kljax export` wrote")
-
-
-def is_run_workdir(path: str | Path) -> bool:
-    """Whether `path` is a `kljax train` workdir (its config.json and checkpoints/), not a model directory."""
-    return (Path(path) / "checkpoints").is_dir() and (Path(path) / "config.json").is_file()
-
-
-def workdir_hint(path: str | Path) -> str:
-    """What to do with a train workdir given where a model directory is expected."""
-    return (f"{path} is a `kljax train` workdir, not a model directory: `kljax export {path} --out DIR` writes "
-            f"its policy as a Hugging Face checkpoint; eval and generate take --checkpoint {path}")
-
-
-def char_tokenizer_files(tokenizer: Any, out_dir: str | Path) -> Path:
-    """Save a `transformers` fast tokenizer with the ids of a `kljax.models.tokenizers.CharTokenizer`
-    (<pad> 0, </s> 1, then one token per character of its alphabet)."""
-    from tokenizers import Tokenizer, decoders, models
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": tokenizer.pad_token_id, "</s>": tokenizer.eos_token_id}
-    vocab.update({ch: i + 2 for i, ch in enumerate(tokenizer.alphabet)})
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))  # no merges: one token per character
-    tok.decoder = decoders.Fuse()
-    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>").save_pretrained(str(out_dir))
-    return Path(out_dir)
-
-
-def _check_out(workdir: str | Path, out: Path, overwrite: bool) -> Path:
-    """The resolved --out (symbolic links followed) after the checks that keep the run and anything
-    kljax did not write safe: not the run, not inside it, not containing it; a non-empty one only with
-    --overwrite and when an earlier export wrote it (`kljax.train.owned_paths`)."""
-    from kljax.errors import UserError
-    from kljax.train.owned_paths import check_apart, is_marked
-
-    check_apart(out, workdir, "--out", "the run")
-    real = out.resolve()
-    if real.exists() and not real.is_dir():
-        raise UserError(f"--out {out} is a file; give a directory")
-    if real.is_dir() and any(real.iterdir()):
-        if not overwrite:
-            raise UserError(f"--out {out} exists and is not empty; pass --overwrite to replace it")
-        if not is_marked(real, legacy=(EXPORT_RECORD,)):
-            raise UserError(f"--out {out} is not empty and holds no {EXPORT_RECORD}: `kljax export` did not write "
-                            "it, so --overwrite does not delete it; remove it yourself or give a new directory")
-    return real
-
-
-def _export(params: Any, model: Any, out: Path, fmt: str, hf_config: Any, dtype: str | None, tokenizer_dir: Any,
-            base_path: str) -> Path:
-    """An HF checkpoint of the policy (a LoRA run's adapters merged into the base: `lora.merge`), or with
-    fmt 'peft' a LoRA run's PEFT adapter directory for its base (`kljax.models.peft_export`)."""
-    import dataclasses
-
-    from kljax.errors import UserError
-    from kljax.models.convert import export_hf
-
-    if fmt == "peft":
-        if model.lora is None:
-            raise UserError("--format peft: this run has no LoRA adapters (model.lora.rank is 0); "
-                            "--format merged writes the full model")
-        from kljax.models.peft_export import write_peft_adapter
-
-        return write_peft_adapter(params, model, out, None if base_path == "tiny" else base_path)
-    if model.lora is not None:
-        from kljax.models.lora import merge
-
-        params, model = merge(params, model), dataclasses.replace(model, lora=None)
-    return export_hf(params, model, out, hf_config=hf_config, dtype=dtype, tokenizer_dir=tokenizer_dir)
-
-
-def export_run(workdir: str | Path, out: str | Path, step: int | None = None, dtype: str | None = None,
-               overwrite: bool = False, overrides: list[str] | None = None, fmt: str = "merged") -> tuple[Path, int]:
-    """Write checkpoint `step` (default: the latest) of `workdir` to `out` as an HF checkpoint; (out, step).
-
-    Written into a new directory next to `out` and renamed into place, so an existing export is
-    replaced only once the new one is complete, and only when `_check_out` allows it."""
-    import jax
-
-    from kljax.models.convert import read_hf_config
-    from kljax.studies import evaluate as ev
-    from kljax.train.io_errors import check_writable
-    from kljax.train.owned_paths import mark, remove_marked
-
-    real = _check_out(workdir, Path(out), overwrite)
-    check_writable(real, "--out")  # a read-only or forbidden place: one line naming --out, before reading the run
-    params, policy, config, step = ev.restore_params(workdir, step, overrides=overrides or ())
-    source = str(config.model.source)
-    real.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{real.name}.export-", dir=real.parent))
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            if source == "tiny":
-                hf_config, tokenizer_dir = None, char_tokenizer_files(policy.tokenizer, tmp)
-            else:
-                if source == "default":
-                    from kljax.models.default import default_model_dir
-
-                    source = str(default_model_dir())
-                hf_config, tokenizer_dir = read_hf_config(source), source
-            written = _export(params, policy.model, staging / "hf", fmt, hf_config, dtype, tokenizer_dir, source)
-        if jax.process_index() == 0:
-            (written / EXPORT_RECORD).write_text(json.dumps({"workdir": str(workdir), "step": step}, indent=2) + "\n")
-            mark(written, "kljax export")
-            if real.is_dir() and any(real.iterdir()):
-                old = staging / "replaced"
-                os.replace(real, old)  # checked by _check_out: an earlier export
-                os.replace(written, real)
-                remove_marked(old, "--out", legacy=(EXPORT_RECORD,))
-            else:
-                os.replace(written, real)  # a new or empty directory
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)  # kljax's own temporary directory
-    return Path(out), step
 
 
 def run(args: argparse.Namespace) -> int:

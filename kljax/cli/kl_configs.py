@@ -1,18 +1,18 @@
 """`kljax kl-configs`: every KL preset and the expected gradient of the whole objective under the
 run settings given (aggregation, advantage, group size, sampler staleness, the sampler's temperature
-and truncation: the policy trained is softmax(logits / temperature), `kljax.rl.describe`)."""
+and truncation: the policy trained is softmax(logits / temperature), `kljax.verdicts.objective`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
+from kljax.config.rl import RLConfig
 from kljax.rl.advantages import METHODS, MIN_GROUP
-from kljax.rl.describe import RunObjective
 from kljax.rl.kl import KLConfig
-from kljax.rl.kl_table import table_rows
 from kljax.rl.objective import AGGREGATIONS, DEFAULT_AGGREGATION
-from kljax.train.config import RLConfig
+from kljax.verdicts.objective import RunObjective
+from kljax.verdicts.presets import table_rows
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -26,8 +26,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="rl.max_new_tokens, the seq-mean-token-sum-norm normalizer (default: %(default)s)")
     parser.add_argument("--async-level", type=int, default=0, help="rl.async_level: stale samplers (default: 0)")
     parser.add_argument("--temperature", type=float, default=RLConfig.temperature,
-                        help="rl.temperature: the policy trained is softmax(logits / T) (default: %(default)s; "
-                             "configs/default.py samples at 0.8)")
+                        help="rl.temperature: the policy trained is softmax(logits / T) (default: %(default)s, "
+                             "the default run's)")
     parser.add_argument("--top-p", type=float, default=RLConfig.top_p, help="rl.top_p (default: %(default)s)")
     parser.add_argument("--top-k", type=int, default=RLConfig.top_k, help="rl.top_k (default: %(default)s, off)")
 

@@ -17,16 +17,22 @@ import argparse
 import math
 import os
 import subprocess
-import sys
 
-from kljax.kernels.cpu.threads import without_forced_devices
+import jax
+
+from kljax.config.load import load_run_config
+from kljax.errors import UserError
+from kljax.parallel.distributed import parse_mesh
+from kljax.studies.plan import check_plan, format_plan, make_plan, parse_chip, plan_json
+from kljax.util.self_command import kljax_argv
+from kljax.util.threads import without_forced_devices
 
 ACCEPTS_CONFIG_OVERRIDES = True
 CHILD_ENV = "KLJAX_PLAN_CHILD"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default=None, help="run config file (default: configs/default.py)")
+    parser.add_argument("--config", default=None, help="run config file (default: the default run)")
     parser.add_argument("--model", default=None,
                         help="model source to plan for, e.g. known:qwen2.5-7b, known:llama-3.1-8b, known:qwen3-4b, "
                              "a checkpoint dir (config.json only) (default: config.model.source)")
@@ -43,33 +49,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _resolve(args: argparse.Namespace, config) -> tuple[tuple[int, int, int], int, object]:
-    from kljax.parallel.distributed import parse_mesh
-    from kljax.studies.plan import parse_chip
-
     if args.devices is not None and args.devices < 1:
-        raise ValueError(f"--devices={args.devices} must be >= 1")
+        raise UserError(f"--devices={args.devices} must be >= 1")
     chip = parse_chip(args.chip) if args.chip else None
     if args.mesh:
         shape = parse_mesh(args.mesh)
     else:
-        shape = (int(config.mesh.data), int(config.mesh.fsdp), int(config.mesh.tensor))
+        shape = config.mesh.shape
     if -1 not in shape:
         devices = math.prod(shape)
         if args.devices not in (None, devices):
-            raise ValueError(f"--devices={args.devices} but the mesh {shape} needs {devices}")
+            raise UserError(f"--devices={args.devices} but the mesh {shape} needs {devices}")
         if chip is not None and chip.devices not in (None, devices):
-            raise ValueError(f"--chip {args.chip} has {chip.devices} devices but the mesh {shape} needs {devices}")
+            raise UserError(f"--chip {args.chip} has {chip.devices} devices but the mesh {shape} needs {devices}")
     else:
         devices = args.devices or (chip.devices if chip else None)
         if devices is None:
-            raise ValueError(f"mesh {shape} has a -1 axis: give --devices N or a slice such as --chip v5e-64")
+            raise UserError(f"mesh {shape} has a -1 axis: give --devices N or a slice such as --chip v5e-64")
     return shape, devices, chip
 
 
 def _have_devices(n: int) -> bool:
     """Make this process's JAX use >= n CPU devices if it still can; True when it has them."""
-    import jax
-
     try:
         jax.config.update("jax_num_cpu_devices", n)
         jax.config.update("jax_platforms", "cpu")
@@ -95,36 +96,21 @@ def _reexec(args: argparse.Namespace, devices: int) -> int:
     env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
     env["JAX_PLATFORMS"] = "cpu"
     env[CHILD_ENV] = "1"
-    from kljax.cli.self_command import kljax_argv
-
     return subprocess.call(kljax_argv(_child_argv(args, devices)), env=env)  # nothing from the working directory
 
 
 def run(args: argparse.Namespace) -> int:
-    from kljax.train.config import apply_overrides, load_config
-
-    try:
-        overrides = list(getattr(args, "overrides", []))
-        if args.model:
-            overrides.append(f"--config.model.source={args.model}")
-        config = apply_overrides(load_config(args.config), overrides)
-        shape, devices, chip = _resolve(args, config)
-        from kljax.studies.plan import check_plan
-
-        check_plan(config, shape, devices)  # fail before compiling (or starting a child process)
-        if not _have_devices(devices):
-            if os.environ.get(CHILD_ENV):
-                raise ValueError(f"could not get {devices} simulated CPU devices")
-            return _reexec(args, devices)
-        import jax
-
-        from kljax.studies.plan import format_plan, make_plan, plan_json
-
-        programs = tuple(p.strip() for p in args.programs.split(",") if p.strip())
-        plan = make_plan(config, shape, devices=jax.devices("cpu")[:devices],
-                         chip=chip, programs=programs, top=args.top)
-    except ValueError as e:
-        print(f"kljax plan: error: {e}", file=sys.stderr)
-        return 2
+    overrides = list(getattr(args, "overrides", []))
+    if args.model:
+        overrides.append(f"--config.model.source={args.model}")
+    config = load_run_config(args.config, overrides)
+    shape, devices, chip = _resolve(args, config)
+    check_plan(config, shape, devices)  # fail before compiling (or starting a child process)
+    if not _have_devices(devices):
+        if os.environ.get(CHILD_ENV):
+            raise UserError(f"could not get {devices} simulated CPU devices")
+        return _reexec(args, devices)
+    programs = tuple(p.strip() for p in args.programs.split(",") if p.strip())
+    plan = make_plan(config, shape, devices=jax.devices("cpu")[:devices], chip=chip, programs=programs, top=args.top)
     print(plan_json(plan) if args.json else format_plan(plan))
     return 0 if plan.fits() in (None, True) else 1

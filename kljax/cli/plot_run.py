@@ -6,6 +6,10 @@ import argparse
 import math
 from pathlib import Path
 
+from kljax.boundary.disk_faults import disk_fault_message
+from kljax.errors import UserError, read_json
+from kljax.train.metrics import read_jsonl
+
 DEFAULT_KEYS = ("exact/gap", "exact/J", "exact/kl_opt",  # tasks with an exact optimum (toy_optimum) only
                 "reward", "accuracy", "kl_seq", "beta", "k3", "entropy", "grad_norm", "response_length",
                 "clip_fraction", "pg_loss", "kl_loss", "tokens_per_s", "time_step")
@@ -21,7 +25,6 @@ def plot_run(workdir: str | Path, keys: tuple[str, ...] = DEFAULT_KEYS, out: str
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from kljax.train.metrics import read_jsonl
 
     workdir = Path(workdir)
     rows = read_jsonl(workdir / "metrics.jsonl")
@@ -58,8 +61,6 @@ def plot_run(workdir: str | Path, keys: tuple[str, ...] = DEFAULT_KEYS, out: str
     try:
         fig.savefig(out, dpi=100, format="png")
     except OSError as e:  # a full or read-only disk: name the file (a failed write() names none)
-        from kljax.errors import UserError
-        from kljax.train.io_errors import disk_fault_message
 
         message = disk_fault_message(e, str(out))
         if message is None:
@@ -77,7 +78,6 @@ def output_path(workdir: str | Path, out: str | Path | None) -> Path:
     """Where the PNG goes: WORKDIR/curves.png by default; OUT/curves.png for a directory OUT (an
     existing one, or a path ending in '/'); OUT itself for a .png path, OUT.png for a path without a
     suffix. UserError for another suffix (plot-run writes PNG only) or a parent that is a file."""
-    from kljax.errors import UserError
 
     if out is None:
         return Path(workdir) / DEFAULT_NAME
@@ -97,7 +97,6 @@ def output_path(workdir: str | Path, out: str | Path | None) -> Path:
 
 
 def _read_json(path: Path) -> object:
-    from kljax.errors import read_json
 
     return read_json(path)
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kljax.studies.converge_report import is_converge_dir, write_converge_report
+from kljax.studies.report import write_report
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sweep_dir", help="a `kljax sweep` or `kljax converge-study --out` directory")
@@ -13,8 +16,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kljax.studies.converge_report import is_converge_dir, write_converge_report
-    from kljax.studies.report import write_report
 
     try:
         if is_converge_dir(args.sweep_dir):  # a `kljax converge-study --out DIR` directory

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kljax.studies.sweep import load_sweep, run_status, run_sweep
+
 ACCEPTS_CONFIG_OVERRIDES = True
 
 
@@ -25,7 +27,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from kljax.studies.sweep import load_sweep, run_status, run_sweep
 
     if args.parallel < 0:
         print(f"kljax sweep: error: --parallel={args.parallel} must be >= 0 (0: one run after another)",

@@ -10,13 +10,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
+
+from kljax.api import RLTrainer
+from kljax.errors import UserError
+from kljax.parallel import distributed
+from kljax.train.run_outputs import output_lines
+from kljax.train.trainer import NonFiniteError
 
 ACCEPTS_CONFIG_OVERRIDES = True
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None,
-                        help="config file with get_config() (default: configs/default.py, SmolLM2 on arithmetic)")
+                        help="a config file: .yaml / .json fields, or .py with get_config() returning them, over "
+                             "the default run (SmolLM2 on arithmetic); with --resume, default: WORKDIR/config.json")
     parser.add_argument("--workdir", required=True, help="directory for checkpoints, metrics and evaluations")
     parser.add_argument("--resume", nargs="?", const="latest", default=None, choices=["latest", "auto", "strict"],
                         help="continue from the newest intact checkpoint in --workdir (none: an error); "
@@ -36,51 +44,41 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kljax.api import RLTrainer
-    from kljax.parallel import distributed
-    from kljax.train.trainer import NonFiniteError
-
+    if args.stop_after is not None and args.stop_after < 1:
+        raise UserError(f"--stop-after={args.stop_after} must be an integer >= 1 (steps to run in this invocation)")
+    if not args.workdir.strip():
+        raise UserError("--workdir '' is empty; give a directory for the run's files")
+    overrides = getattr(args, "overrides", [])
+    options = distributed.options_from(args.coordinator, args.num_processes, args.process_id)
+    config_path = args.config
+    if config_path is None and args.resume:  # resume the run as it was recorded
+        recorded = Path(args.workdir) / "config.json"
+        config_path = str(recorded) if recorded.is_file() else None
+    # The Python API's path: the same config resolution, build and loop as kljax.RLTrainer
+    trainer = RLTrainer(config=config_path, overrides=overrides, workdir=args.workdir, resume=args.resume or False,
+                        progress=not args.no_progress)
+    if distributed.initialize(options):
+        distributed.quiet_unless_main()
     try:
-        # The Python API's path: the same config resolution, build and loop as kljax.RLTrainer
-        trainer = RLTrainer(config=args.config, overrides=getattr(args, "overrides", []), workdir=args.workdir,
-                            resume=args.resume or False, progress=not args.no_progress)
-        if distributed.initialize(distributed.options_from(
-            getattr(args, "coordinator", None), getattr(args, "num_processes", None), getattr(args, "process_id", None)
-        )):
-            distributed.quiet_unless_main()
         result = trainer.train(stop_after=args.stop_after)
-        summary = {"before": result.eval_before, "after": result.eval_after, "exact": result.exact,
-                   **({"stopped_at": result.stopped_at} if result.stopped_at is not None else {})}
-    except ValueError as e:
-        if getattr(args, "debug", False):
-            raise
-        from kljax.errors import UserError
-        from kljax.train.io_errors import disk_fault_message
-
-        print(f"kljax train: error: {(not isinstance(e, UserError) and disk_fault_message(e)) or e}",
-              file=sys.stderr)
-        return 2
     except NonFiniteError as e:  # the run failed (exit 1), not its input
-        if getattr(args, "debug", False):
+        if args.debug:
             raise
         print(f"kljax train: error: {e}", file=sys.stderr)
         return 1
     if not distributed.is_main_process():
         return 0
-    if "stopped_at" in summary:
-        print(f"stopped after step {summary['stopped_at']}; continue with --resume")
+    if result.stopped_at is not None:
+        print(f"stopped after step {result.stopped_at}; continue with --resume")
         return 0
-    if summary["after"]:
+    if result.eval_after:
         print("evaluation (greedy accuracy) before -> after:")
-    for split, after in summary["after"].items():
-        before = summary["before"].get(split, {}).get("accuracy", float("nan"))
+    for split, after in result.eval_after.items():
+        before = result.eval_before.get(split, {}).get("accuracy", float("nan"))
         print(f"  {split:<14} {before:.3f} -> {after['accuracy']:.3f}  (n={after['n']})")
-    exact = summary.get("exact")
-    if exact:  # a task with an exact optimum (toy_optimum)
-        print(f"exact gap to pi* (beta KL(pi || pi*)): {exact['before']:.4g} -> {exact['after']:.4g}")
-    from kljax.train.run_outputs import output_lines
-
+    if result.exact:  # a task with an exact optimum (toy_optimum)
+        print(f"exact gap to pi* (beta KL(pi || pi*)): {result.exact['before']:.4g} -> {result.exact['after']:.4g}")
     print("\n".join(output_lines(args.workdir)))  # where the outputs are, and the next commands to try
-    print(json.dumps({"workdir": str(args.workdir), "after": summary["after"],
-                      **({"exact_gap": exact} if exact else {})}))
+    print(json.dumps({"workdir": str(args.workdir), "after": result.eval_after,
+                      **({"exact_gap": result.exact} if result.exact else {})}))
     return 0

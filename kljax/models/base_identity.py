@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from kljax.errors import UserError
+from kljax.models.default import default_model_dir
 
 CHUNK = 1 << 24
 
@@ -52,7 +53,6 @@ def base_identity(source: str, params: Any = None) -> dict[str, Any]:
             raise ValueError("base_identity: the tiny model is identified by its parameters; pass them")
         return {"source": source, "path": None, "sha256": _hash_arrays(params)}
     if source == "default":
-        from kljax.models.default import default_model_dir
 
         path = Path(default_model_dir())
     else:

@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from kljax.models.lora_config import LoraConfig
+from kljax.config.sections import DTYPES, KERNELS, REMAT_POLICIES, LoraConfig
 
 # HF architecture name -> HF model_type. The only architectures kljax converts.
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
@@ -31,9 +31,6 @@ HF_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 HF_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 ROPE_TYPES = ("default", "linear", "llama3")
-REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_no_batch_saveable")
-KERNELS = ("auto", "plain", "cpu")
-DTYPES = ("float32", "bfloat16", "float16")
 SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                "max_position_embeddings")
 

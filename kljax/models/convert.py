@@ -37,6 +37,7 @@ from kljax.errors import UserError, read_json
 from kljax.models.config import ModelConfig
 from kljax.models.transformer import Params, logical_axes, param_paths, param_shapes
 from kljax.parallel import sharding as sharding_lib
+from kljax.util.owned_paths import mark, remove_marked
 
 _DTYPES = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
@@ -457,7 +458,6 @@ def export_hf(
             for name in TOKENIZER_FILES:
                 if (Path(tokenizer_dir) / name).is_file():
                     shutil.copy2(Path(tokenizer_dir) / name, tmp / name)
-        from kljax.train.owned_paths import mark, remove_marked
 
         mark(tmp, "kljax.models.convert.export_hf")
         if out_dir.is_symlink() or (out_dir.exists() and any(out_dir.iterdir())):

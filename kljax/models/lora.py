@@ -14,7 +14,7 @@ live in params["layers"] beside the base weight, named `{target}_lora_a` / `{tar
     params   = combine(base, adapters)          # the adapted policy; `base` alone is the reference
     merged   = merge(params, config)            # W + s A.B, adapters removed: a plain model again
 
-The forward (`transformer._layer` through `project`) applies an adapter exactly where the params
+The forward (`decoder_layer.decoder_layer` through `project`) applies an adapter exactly where the params
 tree carries one, so the reference policy is the same function on the base tree alone: one copy of
 the base weights serves the policy and the reference. Only the adapters are trained (the train
 state's params are the adapter tree; `kljax.train.step` combines them with the frozen base).
@@ -44,9 +44,10 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from kljax.config.sections import LORA_TARGETS as TARGETS
+from kljax.config.sections import LoraConfig
 from kljax.models.config import ModelConfig
 from kljax.models.layers import project as base_project
-from kljax.models.lora_config import TARGETS, LoraConfig
 
 __all__ = ["TARGETS", "LoraConfig", "combine", "init_adapters", "merge", "project"]
 
@@ -55,22 +56,6 @@ ADAPTER_DTYPE = jnp.float32
 # PEFT / HF module names of each target (for the PEFT adapter export).
 HF_MODULES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
               "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
-
-
-def from_section(section: Any) -> LoraConfig | None:
-    """config.model.lora (rank, alpha, targets "q,k,v,o,gate,up,down") -> LoraConfig, or None when
-    the section is absent or rank is 0. Raises ValueError naming the field."""
-    lora = section.get("lora") if hasattr(section, "get") else None
-    if not lora or int(lora.get("rank", 0)) == 0:
-        return None
-    unknown = sorted(set(lora.keys()) - {"rank", "alpha", "targets"})
-    if unknown:
-        raise ValueError(f"unknown field(s) {unknown} in config.model.lora; valid: ['alpha', 'rank', 'targets']")
-    targets = lora.get("targets", ",".join(TARGETS))
-    if not isinstance(targets, str):
-        raise ValueError(f"model.lora.targets={targets!r} must be a comma-separated string such as 'q,v'")
-    names = tuple(t.strip() for t in targets.split(",") if t.strip())
-    return LoraConfig(int(lora.rank), float(lora.get("alpha", 16.0)), names)
 
 
 def target_axes(config: ModelConfig, target: str) -> tuple[tuple[int, ...], tuple[str, ...], tuple[int, ...],

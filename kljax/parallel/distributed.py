@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from kljax.parallel.sharding import resolve_mesh_shape
+
 log = logging.getLogger(__name__)
 
 ENV_COORDINATOR = "KLJAX_COORDINATOR"
@@ -275,7 +277,6 @@ def check_mesh(mesh_shape: Sequence[int], num_devices: int, rl: Any, model: Any 
     attention heads, so it must divide num_heads; KV heads that it does not divide are replicated
     (a warning: correct, but memory is spent on copies).
     """
-    from kljax.parallel.sharding import resolve_mesh_shape
 
     batches = [int(rl.prompts_per_step), int(rl.batch_size) // int(rl.micro_batches)]
     heads = None if model is None else int(model.num_heads)

@@ -10,7 +10,7 @@ Masking and reduction are the caller's (see `losses.aggregate`). Values are comp
 float32, whatever the model's dtype (bf16 log-ratios lose the small differences that matter).
 
 The gradient an estimator gives depends on where it is placed (reward: score function only; loss:
-pathwise only; both); `kljax.rl.kl` composes them and `kljax.rl.kl_describe.describe` states the result.
+pathwise only; both); `kljax.rl.kl` composes them and `kljax.verdicts.kl.describe` states the result.
 """
 
 from __future__ import annotations

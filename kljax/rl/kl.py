@@ -29,13 +29,14 @@ and its KL part must be estimated from samples. A configuration chooses
 `kl_terms` turns a config and log-probs into `KLTerms` (the detached reward penalty to subtract
 from returns, and the differentiable loss term); the objective (`kljax.rl.objective`, whose
 `kl_surrogate` is the KL part alone) composes them as the trainer differentiates them.
-`kljax.rl.kl_describe.describe` (that module imports this one, never the reverse) says what the KL
+`kljax.verdicts.kl.describe` (that module imports this one, never the reverse) says what the KL
 part's gradient is in expectation. All of it is checked by exact enumeration in tests/test_kl_exact.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -84,7 +85,7 @@ class KLConfig:
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> KLConfig:
-        """Build from a dict or ml_collections ConfigDict; unknown fields are an error."""
+        """Build from a mapping of its fields; unknown fields are an error."""
         values = dict(values)
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - names)
@@ -108,8 +109,14 @@ def validate(c: KLConfig) -> None:
     _choice("credit", c.credit, CREDITS)
     _choice("scope", c.scope, SCOPES)
     _choice("off_policy", c.off_policy, OFF_POLICY)
-    if not isinstance(c.beta, (int, float)) or not c.beta >= 0:
-        raise ValueError(f"kl.beta={c.beta!r} must be a number >= 0")
+    if not isinstance(c.beta, (int, float)) or not (c.beta >= 0 and math.isfinite(c.beta)):
+        raise ValueError(f"kl.beta={c.beta!r} must be a finite number >= 0")
+    for name in ("target_kl", "truncation"):
+        value = getattr(c, name)
+        if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ValueError(f"kl.{name}={value!r} must be a finite number > 0 (or None)")
+    if not (isinstance(c.adapt_horizon, (int, float)) and math.isfinite(c.adapt_horizon) and c.adapt_horizon > 0):
+        raise ValueError(f"kl.adapt_horizon={c.adapt_horizon!r} must be a finite number > 0")
     if c.credit == "reward_to_go" and not c.in_reward:
         raise ValueError(
             f"kl.credit='reward_to_go' assigns the reward part, but kl.placement={c.placement!r} has none; "

@@ -16,7 +16,7 @@ every term, so `beta` weighs the reward-placed and the loss-placed KL the same w
     token-mean                1            sum_b L_b         length-weighted: biased when L_b varies
 
 (L_b: sequence b's response tokens; J = E[R] - beta KL_seq; on-policy, RLOO, see
-`kljax.rl.describe`). D is a property of the whole batch, so accumulating micro-batch gradients of
+`kljax.verdicts.objective`). D is a property of the whole batch, so accumulating micro-batch gradients of
 `loss_sum / D` gives the full-batch gradient exactly.
 """
 
@@ -146,7 +146,7 @@ def kl_surrogate(
     no task reward, no baseline, no clipping): the objective's `sequence_losses` with advantages
     -penalty_bt, i.e. sum_t w_t penalty_bt + loss_b with the token ratio w_t = pi_theta / mu through
     which the trainer applies the reward part. Its expectation over the sampler's sequences is what
-    `kljax.rl.kl_describe.describe` states and what tests/test_kl_exact.py enumerates."""
+    `kljax.verdicts.kl.describe` states and what tests/test_kl_exact.py enumerates."""
     logp = masked(logp_bt, mask_bt)
     sampler = jax.lax.stop_gradient(logp if sampler_logp_bt is None else masked(sampler_logp_bt, mask_bt))
     terms = kl_terms(config, logp_bt, ref_logp_bt, mask_bt, sampler_logp_bt, full_kl_bt)

@@ -21,13 +21,6 @@ import numpy as np
 # ---------------------------------------------------------------------------------------- params
 
 
-def policy_temperature(temperature: float) -> float:
-    """The temperature T of the policy a sampler at `temperature` draws from: pi = softmax(logits / T)
-    (as TRL and verl), the distribution before any top-k/top-p/min-p truncation. Greedy decoding
-    (temperature 0) reports temperature-1 log-probs: T = 1 there."""
-    return temperature if temperature > 0 else 1.0
-
-
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """Static, hashable sampler settings (a jit static argument: each distinct value compiles once).

@@ -25,7 +25,7 @@ switches to a layout made for one token per row and step, prepared once per `gen
   uint16 bits (else the update becomes a float32 round trip over the whole cache), and the output
   projection runs row-major (a transposed 16-bit operand falls back to a float32 dot).
 
-The maths is `kljax.models.transformer._layer` for T = 1 (same norms, RoPE, float32 softmax and
+The maths is `kljax.models.decoder_layer.decoder_layer` for T = 1 (same norms, RoPE, float32 softmax and
 logits); `tests/test_sampling*.py` check sampler log-probs against teacher-forced ones, and
 tests/test_kernels.py the two decode paths against each other.
 """
@@ -42,6 +42,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from kljax.models.config import ModelConfig
+from kljax.models.lora import merge
 from kljax.models.transformer import (
     KVCache,
     Params,
@@ -339,7 +340,6 @@ def step_weights(params: Params, config: ModelConfig, mesh: Mesh | None) -> Any:
     if not config.cpu_kernels:
         return params
     if config.lora is not None:
-        from kljax.models.lora import merge
 
         params = merge(params, config)
     return decode_weights(params, config, fuse=mesh is None and FUSE_WEIGHTS)

@@ -18,6 +18,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from kljax.config.rl import check_stop_values
+
 MAX_SPELLINGS = 32
 
 _VOCAB_TEXTS: dict[tuple[int, int], list[str]] = {}  # (id(tokenizer), vocab size) -> text of each id
@@ -30,24 +32,6 @@ class Stops:
 
     token_ids: tuple[int, ...] = ()
     sequences: tuple[tuple[int, ...], ...] = ()
-
-
-def check_stop_values(stop: Any, name: str = "rl.stop") -> tuple[str | int, ...]:
-    """`stop` as a tuple of non-empty strings and ids >= 0 (a single string or id is one stop)."""
-    if isinstance(stop, (str, int)) and not isinstance(stop, bool):
-        stop = (stop,)
-    try:
-        values = tuple(stop or ())
-    except TypeError:
-        raise ValueError(f"{name}={stop!r} must be a list of strings or token ids") from None
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, (str, int)):
-            raise ValueError(f"{name}: {v!r} is neither a string nor a token id")
-        if isinstance(v, str) and not v:
-            raise ValueError(f"{name}: an empty string cannot be a stop")
-        if isinstance(v, int) and v < 0:
-            raise ValueError(f"{name}: token id {v} must be >= 0")
-    return values
 
 
 def _vocab_texts(tokenizer: Any, vocab_size: int) -> list[str]:

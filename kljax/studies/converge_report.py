@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kljax.errors import UserError, read_json
+from kljax.studies import converge_plots as plots
 
 
 def is_converge_dir(directory: str | Path) -> bool:
@@ -144,7 +145,6 @@ def render(meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
 def write_converge_report(directory: str | Path) -> Path:
     """DIR/report.md and its PNGs from DIR/study.json and DIR/curves.json (without curves.json the
     gap-curve PNGs are not redrawn), with DIR/notes.md appended when present; returns report.md's path."""
-    from kljax.studies import converge_plots as plots
 
     d = Path(directory)
     study = read_json(d / "study.json", "converge study")

@@ -8,19 +8,18 @@ system prompt, answer format); other specs go to the registry (`kljax.studies.ev
 
 from __future__ import annotations
 
-import ml_collections
-
+from kljax.config.run import RunConfig
+from kljax.errors import UserError
 from kljax.studies.evaluate import Split, parse_tasks
 from kljax.tasks.files import FORMATS
+from kljax.tasks.from_config import task_of
 
 
-def splits_for(config: ml_collections.ConfigDict, specs: str | None = None) -> list[Split]:
+def splits_for(config: RunConfig, specs: str | None = None) -> list[Split]:
     """Splits of `specs` (comma-separated name[:split]), default the config's task and eval_splits."""
-    from kljax.tasks.from_config import task_from_config
-
-    name = str(config.task.name)
+    name = config.task.name
     if specs is None:
-        specs = ",".join(f"{name}:{s.strip()}" for s in str(config.task.eval_splits).split(",") if s.strip()) or name
+        specs = ",".join(f"{name}:{s}" for s in config.task.eval_split_names) or name
         # eval_splits "": the task's own evaluation splits
     own, others = [], []
     for item in filter(None, (s.strip() for s in specs.split(","))):
@@ -29,9 +28,9 @@ def splits_for(config: ml_collections.ConfigDict, specs: str | None = None) -> l
     out: list[Split] = []
     if own:
         if any(i.partition(":")[0].strip() != name for i in own):
-            raise ValueError(f"--tasks {own[0]!r}: a data format names the run's own file task, but this run's "
+            raise UserError(f"--tasks {own[0]!r}: a data format names the run's own file task, but this run's "
                              f"task is {name!r}")
-        task = task_from_config(config)
+        task = task_of(config)
         for item in own:
             split = item.partition(":")[2].strip()
             chosen = [split] if split else [s for s in task.splits if s != "train"] or list(task.splits)
@@ -39,7 +38,7 @@ def splits_for(config: ml_collections.ConfigDict, specs: str | None = None) -> l
                 task.validate_split(s)
                 out.append(Split(f"{name}:{s}", task, s))
     if others:
-        out.extend(parse_tasks(",".join(others), data_dir=str(config.task.get("data_dir", "") or "")))
+        out.extend(parse_tasks(",".join(others), data_dir=config.task.data_dir))
     if not out:
-        raise ValueError(f"no task splits in {specs!r}; give e.g. arithmetic:test,arithmetic:ood_digits")
+        raise UserError(f"no task splits in {specs!r}; give e.g. arithmetic:test,arithmetic:ood_digits")
     return out

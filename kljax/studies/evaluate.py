@@ -28,15 +28,18 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-import ml_collections
 import numpy as np
+from tqdm.auto import tqdm
 
 from kljax import sampling
+from kljax.config.run import RunConfig
+from kljax.tasks.registry import parse_task_spec
+from kljax.tasks.rewards import score_batch
+from kljax.train.memory_check import check_eval_fits
+from kljax.train.rollout import decode_responses, encode_prompts, prompt_texts
 
 # ------------------------------------------------------------------------------------------ estimators
 
@@ -99,14 +102,13 @@ class EvalSettings:
         return self.n_samples or self.k
 
     @classmethod
-    def from_run_config(cls, config: ml_collections.ConfigDict, **changes: Any) -> EvalSettings:
+    def from_run_config(cls, config: RunConfig, **changes: Any) -> EvalSettings:
         """Defaults from a run config (its prompt format, buffers, temperature, eval_examples, seed)."""
         rl = config.rl
         values = dict(
-            n_examples=int(config.eval_examples), temperature=float(rl.temperature), top_p=float(rl.top_p),
-            top_k=int(rl.top_k), max_prompt_len=int(rl.max_prompt_len), max_new_tokens=int(rl.max_new_tokens),
-            batch_size=int(rl.prompts_per_step) * int(rl.group_size), prompt_format=str(config.task.prompt_format),
-            seed=int(config.seed),
+            n_examples=config.eval_examples, temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k,
+            max_prompt_len=rl.max_prompt_len, max_new_tokens=rl.max_new_tokens, batch_size=rl.batch_size,
+            prompt_format=config.task.prompt_format, seed=config.seed,
         )
         values.update({k: v for k, v in changes.items() if v is not None})
         return cls(**values)
@@ -123,8 +125,6 @@ class Split:
 
 def parse_tasks(specs: str | Sequence[str], data_dir: str = "") -> list[Split]:
     """"name:split,name:split" -> Splits; a bare "name" means every split of the task except train."""
-    from kljax.tasks.registry import parse_task_spec
-
     items = [s.strip() for s in specs.split(",")] if isinstance(specs, str) else [s.strip() for s in specs]
     out = []
     for item in filter(None, items):
@@ -153,110 +153,6 @@ def domain(split: Split, train_task: str | None = None) -> str:
 # ------------------------------------------------------------------------------------------ models
 
 
-def make_mesh(config: ml_collections.ConfigDict) -> Any:
-    """The run config's (data, fsdp, tensor) mesh; if it does not fit the devices here, all devices on fsdp."""
-    from kljax.parallel import sharding as shd
-
-    try:
-        return shd.make_mesh(int(config.mesh.data), int(config.mesh.fsdp), int(config.mesh.tensor))
-    except ValueError:
-        return shd.make_mesh(1, -1, 1)
-
-
-def load_model(config: ml_collections.ConfigDict, mesh: Any) -> Any:
-    """`kljax.train.policy.Policy` for config.model ("tiny", "default" or an HF checkpoint dir)."""
-    from kljax.train.policy import load_policy
-
-    return load_policy(config.model, mesh, seed=int(config.seed))
-
-
-def checkpoint_config(workdir: str | Path, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
-    """The run config of a `kljax train` WORKDIR (its config.json, then `overrides`); a UserError for
-    a directory that is no workdir or a run of the toy task (measured exactly, not evaluated)."""
-    from kljax.errors import UserError, read_json
-    from kljax.tasks.toy_optimum import ToyOptimumTask
-
-    workdir = Path(workdir)
-    config_path = workdir / "config.json"
-    if not config_path.exists():
-        raise ValueError(f"{workdir} has no config.json: is it a `kljax train` workdir?")
-    raw = read_json(config_path, "run config")
-    if not isinstance(raw, dict):
-        raise ValueError(f"run config {config_path} holds a {type(raw).__name__}, not a JSON object")
-    config = ml_collections.ConfigDict(raw)
-    if config.get("task", {}).get("name") == ToyOptimumTask.name:
-        raise UserError(f"{workdir} is a run of the toy task {ToyOptimumTask.name!r}, measured exactly: its "
-                        "metrics.jsonl holds exact/gap, exact/J, ... at every step (exact_before.json at pi_ref) "
-                        f"and `kljax plot-run {workdir}` draws them; eval, generate and export take runs of "
-                        "text tasks")
-    if overrides:
-        from kljax.train.config import apply_overrides
-
-        config = apply_overrides(config, list(overrides))
-    return config
-
-
-def restore_params(workdir: str | Path, step: int | None = None, mesh: Any = None,
-                   overrides: Sequence[str] = ()) -> tuple[Any, Any, Any, int]:
-    """(params, policy, run config, step) of a `kljax train` WORKDIR's checkpoint (default: the latest).
-
-    `overrides` ("--config.field=value") change WORKDIR/config.json first (e.g. the mesh or dtype).
-    The checkpoint tree is {"train": TrainState, "snapshots": [params] * rl.async_level}; the abstract
-    target comes from `jax.eval_shape`, so nothing but the restored arrays is materialized. A latest
-    checkpoint that a running job rotates away while it is read is retried with the new latest."""
-    from kljax.train import state as st
-    from kljax.train.checkpoint import RunCheckpointer
-    from kljax.train.checkpoint_shapes import CheckpointGone
-    from kljax.train.config import validate
-
-    workdir = Path(workdir)
-    config = checkpoint_config(workdir, overrides)
-    settings = validate(config)
-    mesh = mesh if mesh is not None else make_mesh(config)
-    policy = load_model(config, mesh)
-    ckpt = RunCheckpointer(workdir / "checkpoints", settings.keep_checkpoints)
-    requested = step
-    try:
-        step = ckpt.latest_step() if step is None else step
-        if step is None:
-            raise ValueError(f"{workdir / 'checkpoints'} holds no checkpoint yet")
-        if step not in ckpt.all_steps():
-            raise ValueError(f"no checkpoint at step {step} in {workdir}; available: {ckpt.all_steps()}")
-        tx = st.make_optimizer(settings.optim)
-        lora_model = getattr(policy.model, "lora", None) is not None  # the state holds adapters over the base
-        if lora_model:
-            from kljax.models import lora
-
-            trained, trained_sh = lora.adapter_shapes(policy.model), st.adapter_shardings(policy.model, mesh)
-        else:
-            trained, trained_sh = jax.eval_shape(lambda p: p, policy.params), policy.param_shardings
-        abstract_state = jax.eval_shape(
-            lambda p: st.TrainState(p, tx.init(p), jnp.zeros((), jnp.int32),
-                                    jax.random.key_data(jax.random.PRNGKey(0))), trained)
-        state_sh = st.state_shardings(abstract_state, trained_sh, mesh, tx)
-        n_snap = settings.rl.async_level
-        like = {"train": abstract_state, "snapshots": [trained] * n_snap}
-        shardings = {"train": state_sh, "snapshots": [trained_sh] * n_snap}
-        for attempt in range(3):  # the latest, rotated away by a running job while read: the new latest
-            try:
-                restored, meta = ckpt.restore(step, like, shardings)
-                break
-            except CheckpointGone:
-                if requested is not None or attempt == 2 or ckpt.latest_step() is None:
-                    raise
-                step = ckpt.latest_step()
-    finally:
-        ckpt.close()
-    params = restored["train"].params
-    if lora_model:  # adapters only apply to the base they were trained on
-        from kljax.models.base_identity import base_identity, check_same_base
-
-        check_same_base(meta.get("lora_base"), base_identity(str(config.model.source), policy.params),
-                        f"checkpoint at step {step} in {workdir}")
-        params = lora.combine(policy.params, params)
-    return params, dataclasses.replace(policy, params=params), config, int(step)
-
-
 # ------------------------------------------------------------------------------------------ evaluation
 
 
@@ -268,8 +164,6 @@ def complete(policy: Any, params: Any, texts: Sequence[str], params_s: sampling.
              prompts_per_call: int, max_prompt_len: int, mesh: Any = None, bar: Any = None) -> list[list[str]]:
     """`params_s.n` completions of each text, `prompts_per_call` prompts per sampler call (the last call
     padded with copies of its last prompt, so every call has the same shape and compiles once)."""
-    from kljax.train.rollout import decode_responses, encode_prompts
-
     shards = _shards(mesh)
     per_call = max(shards, -(-prompts_per_call // shards) * shards)
     out: list[list[str]] = []
@@ -290,9 +184,6 @@ def complete(policy: Any, params: Any, texts: Sequence[str], params_s: sampling.
 def evaluate_split(policy: Any, params: Any, split: Split, s: EvalSettings, mesh: Any = None,
                    key: jax.Array | None = None, bar: Any = None) -> dict[str, Any]:
     """Greedy accuracy/reward, mean@k, pass@k (and pass@1) of one split; also the greedy completions."""
-    from kljax.tasks.rewards import score_batch
-    from kljax.train.rollout import prompt_texts
-
     key = jax.random.PRNGKey(s.seed) if key is None else key
     examples = split.task.examples(split.split, n=s.n_examples, seed=s.seed)
     texts = prompt_texts(examples, split.task, policy.tokenizer, s.prompt_format)
@@ -322,8 +213,6 @@ def evaluate_split(policy: Any, params: Any, split: Split, s: EvalSettings, mesh
 def evaluate(policy: Any, params: Any, splits: Sequence[Split], s: EvalSettings, mesh: Any = None,
              train_task: str | None = None, progress: bool = True) -> dict[str, dict[str, Any]]:
     """{spec: metrics} for every split (see `evaluate_split`), each tagged with its domain ("in"/"ood")."""
-    from tqdm.auto import tqdm
-
     total = sum(min(s.n_examples, _split_size(sp, s)) for sp in splits) * (1 + s.samples)
     results = {}
     with tqdm(total=total, disable=not progress, desc="kljax eval", unit="seq", dynamic_ncols=True) as bar:
@@ -338,8 +227,6 @@ def evaluate(policy: Any, params: Any, splits: Sequence[Split], s: EvalSettings,
 def check_memory(splits: Sequence[Split], s: EvalSettings) -> None:
     """UserError when the examples and completions of `splits` cannot fit in host memory
     (`kljax.train.memory_check`), before any example is made."""
-    from kljax.train.memory_check import check_eval_fits
-
     check_eval_fits(sum(_split_size(sp, s) for sp in splits), s.samples)
 
 

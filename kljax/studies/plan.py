@@ -28,7 +28,23 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
+
+from kljax import sampling
+from kljax.config.run import RunConfig
+from kljax.config.sections import ModelSection
+from kljax.models import lora
+from kljax.models import transformer as tfm
+from kljax.models.config import ModelConfig, num_params
+from kljax.models.convert import read_hf_config
+from kljax.models.known_configs import KNOWN_CONFIGS
+from kljax.parallel import sharding as shd
+from kljax.parallel.distributed import check_mesh
+from kljax.sampling import sampler
+from kljax.sampling.step import cache_bytes
+from kljax.train import state as st
+from kljax.train.policy import _runtime, tiny_model_config
+from kljax.train.rollout import policy_scored_in_update
+from kljax.train.step import Batch, StepSettings, score, train_step
 
 GiB = 2**30
 
@@ -69,20 +85,16 @@ def parse_chip(text: str) -> Chip:
 # ---------------------------------------------------------------------------------------- model
 
 
-def resolve_model(section: ml_collections.ConfigDict) -> tuple[Any, str]:
+def resolve_model(section: ModelSection) -> tuple[Any, str]:
     """(ModelConfig, name) of config.model without loading weights.
 
     source: "tiny", "default" (SmolLM2-135M), "known:NAME" (kljax.models.known_configs) or a
     checkpoint directory (only its config.json is read).
     """
-    from kljax.models.config import ModelConfig
-    from kljax.models.known_configs import KNOWN_CONFIGS
-    from kljax.train.policy import _runtime, tiny_model_config
-
-    source = str(section.source)
+    source = section.source
     runtime = _runtime(section)
     if source == "tiny":
-        return tiny_model_config(section, int(section.tiny.vocab_size)), "tiny"
+        return tiny_model_config(section, section.tiny.vocab_size), "tiny"
     if source == "default":
         source = "known:smollm2-135m"
     if source.startswith("known:"):
@@ -92,8 +104,6 @@ def resolve_model(section: ml_collections.ConfigDict) -> tuple[Any, str]:
                              + ", ".join(f"known:{k}" for k in KNOWN_CONFIGS))
         return ModelConfig.from_hf(KNOWN_CONFIGS[name], **runtime), name
     if Path(source, "config.json").is_file():
-        from kljax.models.convert import read_hf_config
-
         return ModelConfig.from_hf(read_hf_config(source), **runtime), Path(source).name
     raise ValueError(f"config.model.source={source!r} is not tiny, default, known:NAME or a directory with "
                      f"config.json; known: " + ", ".join(f"known:{k}" for k in KNOWN_CONFIGS))
@@ -223,35 +233,19 @@ def _abstract(tree: Any, shardings: Any) -> Any:
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
-def check_plan(config: ml_collections.ConfigDict, mesh_shape: tuple[int, int, int],
-               num_devices: int) -> tuple[Any, Any, str, tuple[int, int, int]]:
-    """Validate the run config (its model resolved without weights) and the mesh against the devices,
-    batch and heads: (settings, model config, model name, resolved mesh shape). Cheap; nothing compiles."""
-    from kljax.parallel.distributed import check_mesh
-    from kljax.train.config import validate
-
+def check_plan(config: RunConfig, mesh_shape: tuple[int, int, int],
+               num_devices: int) -> tuple[RunConfig, Any, str, tuple[int, int, int]]:
+    """Resolve the model without weights and check the mesh against the devices, batch and heads:
+    (config, model config, model name, resolved mesh shape). Cheap; nothing compiles."""
     model, name = resolve_model(config.model)
-    checkable = ml_collections.ConfigDict(config.to_dict())
-    checkable.model.source = "tiny"  # the model is resolved above; validate the rest
-    settings = validate(checkable)
-    return settings, model, name, check_mesh(mesh_shape, num_devices, settings.rl, model)
+    return config, model, name, check_mesh(mesh_shape, num_devices, config.rl, model)
 
 
-def make_plan(config: ml_collections.ConfigDict, mesh_shape: tuple[int, int, int], *, devices: list | None = None,
+def make_plan(config: RunConfig, mesh_shape: tuple[int, int, int], *, devices: list | None = None,
               chip: Chip | str | None = None, programs: tuple[str, ...] = ("train", "sample", "score"),
               top: int = 8) -> Plan:
     """Compile the run's programs for `mesh_shape` over `devices` (default: all of this process's
     CPU devices) on abstract inputs and return the per-device memory plan."""
-    from kljax import sampling
-    from kljax.models import transformer as tfm
-    from kljax.models.config import num_params
-    from kljax.parallel import sharding as shd
-    from kljax.sampling import sampler
-    from kljax.sampling.step import cache_bytes
-    from kljax.train import state as st
-    from kljax.train.rollout import policy_scored_in_update
-    from kljax.train.step import Batch, StepSettings, score, train_step
-
     unknown = sorted(set(programs) - {"train", "sample", "score"})
     if unknown:
         raise ValueError(f"unknown program(s) {unknown}; choose from train, sample, score")
@@ -273,11 +267,9 @@ def make_plan(config: ml_collections.ConfigDict, mesh_shape: tuple[int, int, int
                           params)  # the reference and async snapshots (`tfm.frozen_copy`)
     lora_on = model.lora is not None
     if lora_on:  # as `run_build.build`: the state trains the adapters; the frozen base is also the reference
-        from kljax.models import lora
-
         params = _abstract(lora.adapter_shapes(model), st.adapter_shardings(model, mesh))
         p_sh = jax.tree.map(lambda x: x.sharding, params)
-    tx = st.make_optimizer(settings.optim)
+    tx = st.make_optimizer(settings.run_optim)
     fresh = functools.partial(st._fresh_state, tx=tx, seed=settings.seed)
     state_shape = jax.eval_shape(fresh, params)
     state_sh = st.state_shardings(state_shape, p_sh, mesh, tx)
@@ -303,7 +295,7 @@ def make_plan(config: ml_collections.ConfigDict, mesh_shape: tuple[int, int, int
     if "train" in programs:
         step_settings = StepSettings(model, settings.kl, rl.loss_aggregation, rl.clip_low, rl.clip_high,
                                      rl.micro_batches, kl_metrics=policy_scored_in_update(rl, settings.kl, model))
-        step_tx = settings.optim if model.cpu_kernels else tx  # as the trainer (`run_build.build`)
+        step_tx = settings.run_optim if model.cpu_kernels else tx  # as the trainer (`run_build.build`)
         ref_sh = tuple(jax.tree.map(lambda x: x.sharding, r) for r in ref_arg)
         step = jax.jit(functools.partial(train_step, settings=step_settings, tx=step_tx),
                        in_shardings=(state_sh, batch_sh, *ref_sh), out_shardings=(state_sh, None), donate_argnums=0)

@@ -27,6 +27,10 @@ from typing import Any
 
 import numpy as np
 
+from kljax.errors import read_json
+from kljax.rl.kl import KLConfig
+from kljax.verdicts.kl import describe
+
 CURVE_PANELS = ("reward", "kl_seq", "entropy", "grad_norm")
 
 
@@ -91,7 +95,6 @@ def load_summary(sweep_dir: str | os.PathLike) -> dict[str, Any]:
     path = Path(sweep_dir) / "summary.json"
     if not path.exists():
         raise ValueError(f"{path} does not exist: run `kljax sweep --config ... --out {sweep_dir}` first")
-    from kljax.errors import read_json
 
     summary = read_json(path, "sweep summary")
     if not isinstance(summary, dict):
@@ -239,8 +242,6 @@ def _fmt(s: dict[str, float] | None) -> str:
 
 def _unbiased(run: dict[str, Any]) -> str:
     """Whether the run's KL configuration has an unbiased gradient of KL_seq (on-policy / off-policy)."""
-    from kljax.rl.kl import KLConfig
-    from kljax.rl.kl_describe import describe
 
     if run["kl"].get("placement") == "none":
         return "(no KL)"

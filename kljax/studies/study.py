@@ -17,14 +17,16 @@ from typing import Any
 import jax
 import numpy as np
 
+from kljax.models import transformer as tfm
 from kljax.models.config import ModelConfig
-from kljax.rl.describe import RunObjective, describe_objective
+from kljax.policies.transformer import TransformerPolicy
 from kljax.rl.kl import KLConfig
-from kljax.rl.kl_describe import describe
-from kljax.rl.kl_table import PRESETS
 from kljax.studies.converge import RunSettings, train_runs
 from kljax.studies.fixed_point import FixedPoint, find_fixed_points
 from kljax.tasks.exact_optimum import SHAPES, ToyTask, exact_metrics, make_task, task_logps
+from kljax.verdicts.kl import describe
+from kljax.verdicts.objective import RunObjective, describe_objective
+from kljax.verdicts.presets import PRESETS
 
 UNSTABLE_RULE = ("a row is unstable when any seed made a non-finite update, or its mean final gap exceeds the "
                  "initial gap (training moved away from pi*), or the gap rises again: over the last 20% of "
@@ -86,8 +88,6 @@ class StudyConfig:
         V tokens (TRANSFORMER, init std 0.3, so pi_ref is not near-uniform)."""
         if self.policy == "tabular":
             return make_task(self.shapes, self.vocab, self.response_len, seed=self.task_seed)
-        from kljax.models import transformer as tfm
-        from kljax.models.transformer_policy import TransformerPolicy
 
         model = dataclasses.replace(TRANSFORMER, vocab_size=max(self.vocab, len(self.shapes)))
         ref = tfm.init_params(model, jax.random.PRNGKey(self.task_seed), std=0.3)

@@ -33,11 +33,22 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import ml_collections
+from tqdm.auto import tqdm
 
-from kljax.errors import read_json
-from kljax.train.config import REPO_ROOT, apply_overrides, load_config, validate
-from kljax.train.owned_paths import mark, remove_marked, single_component
+from kljax.api import RLTrainer
+from kljax.config.load import CONFIGS_DIR, load_run_config, python_config, read_mapping
+from kljax.config.run import RunConfig
+from kljax.errors import UserError, read_json
+from kljax.rl.kl import KLConfig
+from kljax.train.metrics import read_jsonl
+from kljax.train.sft import SFTSettings, sft_warm_start
+from kljax.train.step import StepSettings
+from kljax.util.owned_paths import mark, remove_marked, single_component
+from kljax.util.self_command import kljax_argv
+from kljax.verdicts.kl import config_name
+from kljax.verdicts.presets import PRESETS
+
+REPO_ROOT = CONFIGS_DIR.parent
 
 CURVE_KEYS = ("reward", "accuracy", "kl_seq", "k1", "k2", "k3", "entropy", "grad_norm", "loss", "pg_loss", "kl_loss",
               "nonfinite", "response_length", "clip_fraction", "ratio_mean", "beta", "time_step")
@@ -74,24 +85,26 @@ class Sweep:
 def load_sweep(path: str | os.PathLike, extra_overrides: Iterable[str] = ()) -> Sweep:
     """Read a sweep config file and expand its grid (`extra_overrides` go to every run, last)."""
     path = Path(path).resolve()
-    raw = load_config(path)
+    if not path.is_file():
+        raise UserError(f"sweep config {str(path)!r} does not exist")
+    raw = python_config(path) if path.suffix.lower() == ".py" else read_mapping(path)
     return sweep_from_spec(raw, path.parent, extra_overrides, path)
 
 
 def sweep_from_spec(raw: Any, base_dir: str | os.PathLike = REPO_ROOT / "configs",
                     extra_overrides: Iterable[str] = (), path: Path | None = None) -> Sweep:
     """Expand a sweep spec (ConfigDict or dict, fields as in the module docstring) into grid points."""
-    spec = raw.to_dict() if isinstance(raw, ml_collections.ConfigDict) else dict(raw)
+    spec = raw.to_dict() if hasattr(raw, "to_dict") else dict(raw)
     unknown = sorted(set(spec) - set(SWEEP_FIELDS))
     if unknown:
-        raise ValueError(f"unknown sweep field(s) {unknown}; valid: {list(SWEEP_FIELDS)}")
+        raise UserError(f"unknown sweep field(s) {unknown}; valid: {list(SWEEP_FIELDS)}")
     if "base_config" not in spec:
-        raise ValueError("a sweep config needs base_config (the run config file every run starts from)")
+        raise UserError("a sweep config needs base_config (the run config file every run starts from)")
     base = _find(spec["base_config"], Path(base_dir))
     common = [*spec.get("base_overrides", []), *(o.lstrip("-").removeprefix("config.") for o in extra_overrides)]
     variants = spec.get("variants") or {"default": []}
     if not isinstance(variants, dict) or not all(isinstance(o, (list, tuple)) for o in variants.values()):
-        raise ValueError(f"variants={variants!r} must map each variant name to its list of overrides, e.g. "
+        raise UserError(f"variants={variants!r} must map each variant name to its list of overrides, e.g. "
                          "{'onpolicy': [], 'async4': ['rl.async_level=4']}")
     for variant in variants:
         single_component(str(variant), "sweep variant name")  # it names the run's directory
@@ -99,7 +112,7 @@ def sweep_from_spec(raw: Any, base_dir: str | os.PathLike = REPO_ROOT / "configs
     for kl_item in spec.get("kl") or ["k1-reward"]:
         kl_name, kl = resolve_kl(kl_item)
         if kl.get("placement") != "none" and not list(spec.get("beta") or []):
-            raise ValueError(f"beta={spec.get('beta')!r} gives no beta for the KL configuration {kl_name}: list at "
+            raise UserError(f"beta={spec.get('beta')!r} gives no beta for the KL configuration {kl_name}: list at "
                              "least one (beta=[0.05]); a run without KL is kl='none'")
         betas = [None] if kl.get("placement") == "none" else list(spec["beta"])
         for beta in betas:
@@ -108,7 +121,7 @@ def sweep_from_spec(raw: Any, base_dir: str | os.PathLike = REPO_ROOT / "configs
                     points.append(_point(base, kl_name, kl, beta, variant, int(seed), common, variant_overrides))
     names = [single_component(p.name, "sweep run name") for p in points]
     if len(set(names)) != len(names):
-        raise ValueError(f"the grid has duplicate run names: {sorted({n for n in names if names.count(n) > 1})}")
+        raise UserError(f"the grid has duplicate run names: {sorted({n for n in names if names.count(n) > 1})}")
     return Sweep(path, base, spec, points)
 
 
@@ -116,22 +129,21 @@ def _find(name: str, base_dir: Path) -> Path:
     for candidate in (Path(name), base_dir / name, REPO_ROOT / name, REPO_ROOT / "configs" / name):
         if candidate.is_file():
             return candidate.resolve()
-    raise ValueError(f"base_config {name!r} not found (looked next to the sweep file, in the repo and configs/)")
+    raise UserError(f"base_config {name!r} not found (looked next to the sweep file, in the repo and configs/)")
 
 
 def resolve_kl(item: str | dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """A preset name of `kljax kl-configs` or a dict of KLConfig fields -> (its config_name, kl fields)."""
-    from kljax.rl.kl import KLConfig
-    from kljax.rl.kl_describe import config_name
-    from kljax.rl.kl_table import PRESETS
-
     if isinstance(item, str):
         presets = {config_name(c): c for c, _ in PRESETS}
         if item not in presets:
-            raise ValueError(f"unknown KL preset {item!r}; valid: {sorted(presets)} (or a dict of kl fields)")
+            raise UserError(f"unknown KL preset {item!r}; valid: {sorted(presets)} (or a dict of kl fields)")
         config = presets[item]
     else:
-        config = KLConfig.from_mapping({k: v for k, v in dict(item).items() if k != "beta"})
+        try:
+            config = KLConfig(**{k: v for k, v in dict(item).items() if k != "beta"})
+        except TypeError as e:
+            raise UserError(f"sweep kl item {item!r}: {e}") from None
     fields = dataclasses.asdict(config)
     kl = {k: fields[k] for k in ("estimator", "placement", "credit", "scope", "off_policy", "truncation")}
     return config_name(config), kl
@@ -142,13 +154,10 @@ def _point(base: Path, kl_name: str, kl: dict[str, Any], beta: float | None, var
     group = f"{kl_name}_{variant}" if beta is None else f"{kl_name}_b{beta:g}_{variant}"
     overrides = [*common, *(f"kl.{k}={v!r}" for k, v in kl.items()), f"kl.beta={0.0 if beta is None else beta!r}",
                  *(o.lstrip("-").removeprefix("config.") for o in variant_overrides), f"seed={seed}"]
-    config = apply_overrides(load_config(base), [f"--config.{o}" for o in overrides])
-    settings = validate(config)  # a typo in the sweep config fails here, before anything runs
+    config = _config(base, overrides)  # a typo in the sweep config fails here, before anything runs
     unsupported = None
     try:
-        from kljax.train.step import StepSettings
-
-        StepSettings(model=None, kl=settings.kl)  # the trainer's own check of the KL configuration
+        StepSettings(model=None, kl=config.kl)  # the trainer's own check of the KL configuration
     except ValueError as e:
         unsupported = str(e)
     return GridPoint(f"{group}_s{seed}", group, kl_name, kl, beta, variant, seed, tuple(overrides), unsupported)
@@ -190,13 +199,15 @@ def _record_time(run_dir: Path, seconds: float, how: str) -> None:
     path.write_text(json.dumps(info, indent=2))
 
 
-def _run_in_process(sweep: Sweep, point: GridPoint, run_dir: Path, resume: bool) -> None:
-    from kljax.train.trainer import train
+def _config(base: Path, overrides: Iterable[str]) -> RunConfig:
+    return load_run_config(base, [f"--config.{o}" for o in overrides])
 
-    config = apply_overrides(load_config(sweep.base_config), [f"--config.{o}" for o in point.overrides])
+
+def _run_in_process(sweep: Sweep, point: GridPoint, run_dir: Path, resume: bool) -> None:
+    config = _config(sweep.base_config, point.overrides)
     t0 = time.perf_counter()
     try:
-        train(config, run_dir, resume=resume, progress=False)
+        RLTrainer(config=config, workdir=run_dir, resume=resume, progress=False).train()
     except Exception:  # noqa: BLE001 - one failed run must not end the sweep; its traceback is kept
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "error.txt").write_text(traceback.format_exc())
@@ -204,8 +215,6 @@ def _run_in_process(sweep: Sweep, point: GridPoint, run_dir: Path, resume: bool)
 
 
 def _command(sweep: Sweep, point: GridPoint, run_dir: Path, resume: bool) -> list[str]:
-    from kljax.cli.self_command import kljax_argv
-
     cmd = kljax_argv(["train", "--config", str(sweep.base_config), "--workdir", str(run_dir), "--no-progress",
                       *(f"--config.{o}" for o in point.overrides)])  # nothing imported from the working directory
     return [*cmd, "--resume"] if resume else cmd
@@ -216,8 +225,6 @@ def run_sweep(sweep: Sweep, out_dir: str | os.PathLike, parallel: int = 0, progr
     """Run every supported grid point not yet finished; returns {run name: what happened}
     ("skipped", "ran", "resumed", "failed", "unsupported"). parallel=0 runs in this process;
     N >= 1 runs N `python -m kljax train` subprocesses at a time (logs in RUN_DIR/train.log)."""
-    from tqdm.auto import tqdm
-
     out_dir = Path(out_dir).absolute()  # the subprocesses run in another directory
     (out_dir / "runs").mkdir(parents=True, exist_ok=True)
     sweep = _with_sft(sweep, out_dir, progress, log)
@@ -287,8 +294,6 @@ def _with_sft(sweep: Sweep, out_dir: Path, progress: bool, log: Any) -> Sweep:
     point every run's model.source at it."""
     if not sweep.spec.get("sft"):
         return sweep
-    from kljax.train.sft import SFTSettings, sft_warm_start
-
     sft_dir = (out_dir / "sft").resolve()
     log(f"sweep: supervised warm start of the reference model in {sft_dir}")
     summary = sft_warm_start(SFTSettings.from_mapping(sweep.spec["sft"]), sft_dir, progress=progress)
@@ -310,8 +315,6 @@ def _number(v: Any) -> float:
 
 def run_record(point: GridPoint, run_dir: Path) -> dict[str, Any]:
     """One run's entry of summary.json: grid coordinates, status, curves and evaluations."""
-    from kljax.train.metrics import read_jsonl
-
     record: dict[str, Any] = {**dataclasses.asdict(point), "overrides": list(point.overrides),
                               "status": "unsupported" if point.unsupported else run_status(run_dir)}
     rows = read_jsonl(run_dir / "metrics.jsonl") if run_dir.exists() else []

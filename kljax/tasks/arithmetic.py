@@ -29,6 +29,7 @@ class ArithmeticTask(GeneratedTask):
 
     name = "arithmetic"
     splits = ("train", "test", "ood_digits", "ood_ops")
+    answer_format = "answer_line"  # "Answer: N": SmolLM2-135M follows it better than \boxed{}
     default_size = {"train": 10000, "test": 500, "ood_digits": 500, "ood_ops": 500}
 
     def __init__(self, digits: int = 2, ood_digits: int = 3):

@@ -4,8 +4,6 @@ A task hands out examples for a split and scores a completion against one:
 
     task.examples(split, n=None, seed=0) -> list[Example]   deterministic for (split, n, seed)
     task.check(example, completion)      -> Score           the bare scoring logic, in this process
-    task.score(example, completion)      -> Score           guarded: time limit, never raises
-    task.reward(example, completion)     -> float           task.score(...).reward
 
 Batches go through `kljax.tasks.rewards.score_batch`, which runs `check` in this process for the
 exact-match tasks (`uses_verifier_pool = False`) and in a pool of worker processes with a per-item
@@ -88,17 +86,6 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def check(self, example: Example, completion: str) -> Score:
         """Score `completion` against `example` in this process (no time limit; may raise)."""
-
-    def score(self, example: Example, completion: str) -> Score:
-        """Score one completion with the same guards as a batch: a time limit, and never raises."""
-        from kljax.tasks.rewards import score_batch
-
-        rewards, correct = score_batch(self, [example], [completion])
-        return Score(float(rewards[0]), bool(correct[0]))
-
-    def reward(self, example: Example, completion: str) -> float:
-        """The scalar reward of one completion (see `score`)."""
-        return self.score(example, completion).reward
 
     def check_run_settings(self, max_prompt_len: int, max_new_tokens: int, prompt_format: str) -> None:
         """Raise a ValueError naming the setting when a run's buffers or prompt format cannot serve

@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kljax.models.tabular import TabularPolicy, all_responses
 from kljax.models.transformer import positions_from_mask
+from kljax.policies.tabular import TabularPolicy, all_responses
 
 Array = jax.Array
 SHAPES = ("sparse", "long", "conflict")
@@ -27,7 +27,7 @@ SHAPES = ("sparse", "long", "conflict")
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class ToyTask:
-    """policy: any policy model (`kljax.models.policy_api`) whose prompt p is the one token p and
+    """policy: any policy model (`kljax.policies.protocol`) whose prompt p is the one token p and
     whose responses are over tokens 0..V-1 (TabularPolicy(V, R, P), or a transformer with
     vocab_size V >= P); ref_params: pi_ref; shapes: one per prompt; responses_nr / mask_nr: every
     response [N, R]; rewards_pn: R_p(y) [P, N] float."""

@@ -35,6 +35,7 @@ from typing import Any
 
 from kljax.tasks import answers, file_checks
 from kljax.tasks.base import WRONG, Example, Score, Task
+from kljax.tasks.prompting import ANSWER_FORMATS
 
 FORMATS = {"jsonl": "json", "parquet": "parquet", "csv": "csv", "hf": None}
 Message = dict[str, str]
@@ -278,7 +279,6 @@ class FileTask(Task):
     def as_written(self, example: Example) -> str:
         """A standard prompt as the data wrote it (after task.prompt_template), with the answer-format
         line when asked."""
-        from kljax.tasks.prompting import ANSWER_FORMATS
 
         if self.answer_format:
             return f"{example.prompt.strip()}\n\n{ANSWER_FORMATS[self.answer_format]}"

@@ -1,89 +1,84 @@
 """The task of a run config (`config.task`), and the check of every file row's prompt before compiling.
 
-    task = task_from_config(config)            # registry task, or a FileTask for jsonl/parquet/csv/hf
-    splits = eval_split_names(config, task)    # task.eval_splits, "" = the data's own evaluation split(s)
-    dropped = check_prompts(task, config, tokenizer)   # {split: rows dropped}; ValueError naming the longest row
+    task = task_from_config(config.task, config.seed, config.rl.temperature)   # registry task or a FileTask
+    splits = eval_split_names(config.task, task)   # task.eval_splits, "" = the data's own evaluation split(s)
+    dropped = check_prompts(task, config.task, config.rl, tokenizer)   # {split: rows dropped}
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import ml_collections
-
+from kljax.config.rl import RLConfig
+from kljax.config.run import RunConfig
+from kljax.config.sections import TaskSection
+from kljax.errors import UserError
 from kljax.tasks.base import Task
 from kljax.tasks.files import FORMATS, FileTask
+from kljax.tasks.prompting import prompt_texts
+from kljax.tasks.registry import get_task, task_names
 
 
-def task_from_config(config: ml_collections.ConfigDict) -> Task:
-    """The task config.task names, with its prompt settings (answer format, system prompt) applied."""
-    from kljax.tasks.registry import get_task, task_names
-
-    t = config.task
-    name = str(t.name)
-    system_prompt = t.get("system_prompt", None)
-    if name in FORMATS:
+def task_from_config(t: TaskSection, seed: int = 0, temperature: float = 1.0) -> Task:
+    """The task `t` names, with its prompt settings (answer format, system prompt) applied. `seed`
+    orders a data file's rows; `temperature` (rl.temperature) is the toy_optimum task's policy's."""
+    if t.name in FORMATS:
         task: Task = FileTask(
-            name, str(t.get("path", "")), prompt_key=str(t.get("prompt_key", "prompt")),
-            answer_key=str(t.get("answer_key", "") or ""), messages_key=str(t.get("messages_key", "") or ""),
-            eval_fraction=float(t.get("eval_fraction", 0.1)), prompt_template=str(t.get("prompt_template", "") or ""),
-            system_prompt=system_prompt, seed=int(config.get("seed", 0)),
+            t.name, t.path, prompt_key=t.prompt_key, answer_key=t.answer_key, messages_key=t.messages_key,
+            eval_fraction=t.eval_fraction, prompt_template=t.prompt_template, system_prompt=t.system_prompt,
+            seed=seed,
         )
     else:
-        if name not in task_names():
-            raise ValueError(f"config.task.name={name!r} is not valid; choose a task {task_names()} or a data "
-                             f"format {sorted(FORMATS)} with config.task.path")
-        kwargs = {"data_dir": t.data_dir} if t.get("data_dir") else {}
-        if name == "toy_optimum":  # its options are config.task.toy; its exact metrics follow rl.temperature
-            kwargs = dict(t.get("toy", {}))
-            kwargs["temperature"] = float(config.get("rl", {}).get("temperature", 1.0))
+        if t.name not in task_names():
+            raise UserError(f"config.task.name={t.name!r} is not valid; choose a task {task_names()} or a data "
+                            f"format {sorted(FORMATS)} with config.task.path")
+        kwargs: dict[str, Any] = {"data_dir": t.data_dir} if t.data_dir else {}
+        if t.name == "toy_optimum":  # its options are config.task.toy; its exact metrics follow rl.temperature
+            kwargs = dict(shapes=t.toy.shapes, vocab=t.toy.vocab, response_len=t.toy.response_len,
+                          temperature=temperature)
         try:
-            task = get_task(name, **kwargs)
+            task = get_task(t.name, **kwargs)
         except TypeError:  # generated tasks take no data_dir
-            task = get_task(name)
-        if system_prompt is not None:
-            task.system_prompt = system_prompt or None  # read by `rollout.prompt_texts`; None: no system message
-    if t.get("answer_format"):
+            task = get_task(t.name)
+        if t.system_prompt is not None:
+            task.system_prompt = t.system_prompt or None  # read by `prompt_texts`; None: no system message
+    if t.answer_format:
         task.answer_format = t.answer_format
     return task
 
 
-def eval_split_names(config: ml_collections.ConfigDict, task: Task) -> list[str]:
-    """The splits config.task.eval_splits names, each checked; "" = the task's own evaluation splits (a data
-    file's test/validation split, none when all its rows train; a built-in task's splits but train)."""
-    from kljax.errors import UserError
+def task_of(config: RunConfig) -> Task:
+    """The task of a run config (`task_from_config` with its seed and rl.temperature)."""
+    return task_from_config(config.task, config.seed, config.rl.temperature)
 
-    text = str(config.task.get("eval_splits", "") or "")
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    if text.strip() and not names:
-        raise UserError(f"config.task.eval_splits={text!r} names no split; give split names, e.g. 'test', or '' "
-                        "for the task's own evaluation splits")
+
+def eval_split_names(t: TaskSection, task: Task) -> list[str]:
+    """The splits t.eval_splits names, each checked; "" = the task's own evaluation splits (a data
+    file's test/validation split, none when all its rows train; a built-in task's splits but train)."""
+    names = list(t.eval_split_names)
     if not names:
         own = getattr(task, "default_eval_splits", None)
-        train = str(config.task.get("split", "train"))
-        names = list(own) if own is not None else [s for s in task.splits if s != train]
+        names = list(own) if own is not None else [s for s in task.splits if s != t.split]
     for name in names:
         task.validate_split(name)
     return names
 
 
-def check_prompts(task: Task, config: ml_collections.ConfigDict, tokenizer: Any,
+def check_prompts(task: Task, t: TaskSection, rl: RLConfig, tokenizer: Any,
                   splits: list[str] | None = None, context: int | None = None) -> dict[str, int]:
     """Render and tokenize every row's prompt of a FileTask's `splits` (default: all). Prompts longer than
     rl.max_prompt_len tokens are a ValueError naming the longest one's file and row and the value that
     fits them (within `context` - rl.max_new_tokens, the model's room), or, with task.drop_overlong, are
     dropped; one the tokenizer cannot encode is a ValueError naming its row. Returns {split: rows
     dropped}; other tasks: {}."""
-    from kljax.tasks.prompting import prompt_texts
-
     if not isinstance(task, FileTask):
         return {}
-    max_len = int(config.rl.max_prompt_len)
-    drop = bool(config.task.get("drop_overlong", False))
+    max_len = rl.max_prompt_len
+    drop = t.drop_overlong
     lengths: dict[str, list[int]] = {}
     longest: tuple[int, str] = (0, "")
     for split in splits or list(task.splits):
-        texts = prompt_texts(task.examples(split), task, tokenizer, str(config.task.prompt_format))
+        texts = prompt_texts(task.examples(split), task, tokenizer, t.prompt_format)
         lengths[split] = []
         for row, text in zip(task.rows(split), texts, strict=True):
             where = f"{row.where}, row {row.index + 1}"
@@ -99,8 +94,8 @@ def check_prompts(task: Task, config: ml_collections.ConfigDict, tokenizer: Any,
     if over and not drop:
         n, where = longest
         room = "" if context is None else (f" (the model's context of {context} leaves room for "
-                                           f"{context - int(config.rl.max_new_tokens)} with rl.max_new_tokens="
-                                           f"{int(config.rl.max_new_tokens)})")
+                                           f"{context - rl.max_new_tokens} with rl.max_new_tokens="
+                                           f"{rl.max_new_tokens})")
         raise ValueError(f"{where}: the prompt has {n} tokens after templating, more than rl.max_prompt_len="
                          f"{max_len}, the longest of {over} such rows; set rl.max_prompt_len={n}{room}, shorten the "
                          "prompts, or set task.drop_overlong=True to leave such rows out")

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kljax.tasks.answers import last_boxed
+
 DATA_DIR_ENV = "KLJAX_DATA_DIR"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SHARED_DATA_DIR = REPO_ROOT.parent / "shared" / "data"
@@ -88,7 +90,6 @@ class Source:
 
 
 def _math_from_hub(row: Row) -> Row:
-    from kljax.tasks.answers import last_boxed
 
     return {**row, "answer": last_boxed(row.get("solution") or "") or ""}
 

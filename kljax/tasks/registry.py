@@ -29,22 +29,22 @@ from kljax.tasks.arithmetic import ArithmeticTask
 from kljax.tasks.base import Task
 from kljax.tasks.benchmarks import GSM8KTask, Math500Task, MathTask, MMLUTask
 from kljax.tasks.countdown import CountdownTask
+from kljax.tasks.dm_math import DeepMindMathTask
+from kljax.tasks.toy import RepeatDigitTask
+from kljax.tasks.toy_optimum import ToyOptimumTask
 
 
 def _repeat_digit(**kwargs: Any) -> Task:
-    from kljax.tasks.toy import RepeatDigitTask  # the trainer's toy task (kljax/tasks/toy.py)
 
     return RepeatDigitTask(**kwargs)
 
 
 def _toy_optimum(**kwargs: Any) -> Task:
-    from kljax.tasks.toy_optimum import ToyOptimumTask
 
     return ToyOptimumTask(**kwargs)
 
 
 def _dm_math(**kwargs: Any) -> Task:
-    from kljax.tasks.dm_math import DeepMindMathTask
 
     return DeepMindMathTask(**kwargs)
 

@@ -41,6 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from kljax.tasks import answers
+from kljax.tasks.files import answer_matches
+from kljax.tasks.pool import default_pool
+from kljax.tasks.rewards import check_math
 
 RewardFn = Callable[..., Any]
 CALL_NAMES = ("prompts", "completions", "completion_ids", "trainer_state", "log_metric", "log_extra")
@@ -70,8 +73,6 @@ def _text(completion: Any) -> str:
 
 def math_answer(prompts: list[Any], completions: list[Any], answer: list[str], **_: Any) -> list[float]:
     """math-verify equivalence of each final answer with `answer`, in the verifier pool (time limit per item)."""
-    from kljax.tasks.pool import default_pool
-    from kljax.tasks.rewards import check_math
 
     items = [(_text(c), str(a)) for c, a in zip(completions, answer, strict=True)]
     return [float(o.value.reward) if o.ok else 0.0 for o in default_pool().map(check_math, items)]
@@ -79,7 +80,6 @@ def math_answer(prompts: list[Any], completions: list[Any], answer: list[str], *
 
 def exact_match(prompts: list[Any], completions: list[Any], answer: list[str], **_: Any) -> list[float]:
     """1.0 when the final answer equals `answer` (see `kljax.tasks.files.answer_matches`)."""
-    from kljax.tasks.files import answer_matches
 
     return [float(answer_matches(_text(c), str(a))) for c, a in zip(completions, answer, strict=True)]
 

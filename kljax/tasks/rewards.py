@@ -158,3 +158,9 @@ def score_batch(
     rewards = np.asarray([s.reward for s in scores], dtype=np.float32)
     correct = np.asarray([s.correct for s in scores], dtype=bool)
     return rewards, correct
+
+
+def score_one(task: Task, example: Example, completion: str) -> Score:
+    """One completion scored with the same guards as a batch: a time limit, and never raises."""
+    rewards, correct = score_batch(task, [example], [completion])
+    return Score(float(rewards[0]), bool(correct[0]))

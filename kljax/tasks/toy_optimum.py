@@ -27,10 +27,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kljax.models.policy_api import as_policy
-from kljax.models.tabular import TabularPolicy, all_responses
+from kljax.config.rl import policy_temperature
 from kljax.models.tokenizers import SymbolTokenizer
-from kljax.sampling.logits import policy_temperature
+from kljax.policies.protocol import as_policy
+from kljax.policies.tabular import TabularPolicy, all_responses
 from kljax.tasks.base import Example, Score, Task
 from kljax.tasks.exact_optimum import SHAPES, ToyTask, exact_metrics, make_task, task_logps
 

@@ -15,15 +15,24 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from kljax.errors import UserError
+from kljax.errors import UserError, disk_fault
 from kljax.train.checkpoint_integrity import PROMISE, damage, write_checksums
 from kljax.train.checkpoint_shapes import CheckpointGone, ConfigMismatch, gone, mismatch
-from kljax.train.io_errors import disk_fault_message, drop_abandoned_write_callbacks, quiet_orbax_threads
+from kljax.train.orbax_quiet import drop_abandoned_write_callbacks, quiet_orbax_threads
 
 
 def _abstract(tree: Any, shardings: Any) -> Any:
     """ShapeDtypeStructs carrying the target shardings, for restoring."""
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint save failed on a disk fault (its cause); `what` names the checkpoint, so the
+    command line says `cannot write WHAT: the file system is read-only ...` (`kljax.boundary`)."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"cannot write {what}")
+        self.what = what
 
 
 class RunCheckpointer:
@@ -56,11 +65,10 @@ class RunCheckpointer:
                 self._manager.save(step, args=args, force=True)
                 self._manager.wait_until_finished()
         except Exception as e:
-            message = disk_fault_message(e, f"the checkpoint of step {step} in {self.directory}")
-            if message is None:
+            if disk_fault(e) is None:
                 raise
             drop_abandoned_write_callbacks()  # tensorstore writes still in flight end after the loop closed
-            raise UserError(message) from e
+            raise CheckpointWriteError(f"the checkpoint of step {step} in {self.directory}") from e
         if jax.process_index() == 0:
             write_checksums(self.step_dir(step))
 

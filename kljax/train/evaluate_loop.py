@@ -15,8 +15,8 @@ import jax
 import numpy as np
 
 from kljax import sampling
-from kljax.models.policy_api import as_policy
 from kljax.parallel.distributed import gather
+from kljax.policies.protocol import as_policy
 from kljax.tasks.rewards import score_batch
 from kljax.train.rollout import decode_responses, encode_prompts, prompt_texts, run_stops
 
@@ -44,13 +44,12 @@ def greedy_completions(policy: Any, params: Any, texts: list[str], max_prompt_le
 def evaluate_splits(run: Any, params: Any) -> dict[str, dict[str, Any]]:
     """{split: {"accuracy", "reward", "n"[, "rewards": {name: mean}]}} for each of config.task.eval_splits
     (greedy decoding; see the module docstring)."""
-    raw = run.settings.raw
-    rl = run.settings.rl
+    config = run.config
+    rl = config.rl
     results = {}
-    splits = [s.strip() for s in str(raw.task.eval_splits).split(",") if s.strip()]
-    for split in splits:
-        examples = run.task.examples(split, n=int(raw.eval_examples), seed=raw.seed)
-        texts = prompt_texts(examples, run.task, run.policy.tokenizer, raw.task.prompt_format)
+    for split in config.task.eval_split_names:
+        examples = run.task.examples(split, n=config.eval_examples, seed=config.seed)
+        texts = prompt_texts(examples, run.task, run.policy.tokenizer, config.task.prompt_format)
         completions = greedy_completions(run.policy, params, texts, rl.max_prompt_len, rl.max_new_tokens,
                                          rl.batch_size, run.mesh, stop=rl.stop)
         reward_set = getattr(run, "reward", None)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kljax.errors import UserError
+from kljax.models.config import num_params
 
 GIB = 2**30
 STRING_BYTES = 57  # a Python str object (49 bytes empty) and its list slot (8)
@@ -65,7 +66,6 @@ def kv_cache_bytes(model: Any, rows: int, length: int) -> int:
 
 def train_estimate(model: Any, rl: Any) -> Estimate:
     """Lower bound on a run's memory for a transformer `model` (ModelConfig) and `rl` (RLConfig)."""
-    from kljax.models.config import num_params
 
     n = num_params(model)
     param, frozen = _itemsize(model.param_dtype), _itemsize(model.jnp_frozen_dtype)

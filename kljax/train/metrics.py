@@ -17,6 +17,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from kljax.config.run import RunConfig
+from kljax.train import tracking
+
 # Metrics that measure the machine, not the run: they differ between identical runs.
 VOLATILE_PREFIXES = ("time_", "tokens_per_s", "host_memory_mb")
 
@@ -59,10 +62,8 @@ class MetricsWriter:
     `config.logging.report_to` when a run config is given (`tracking.open_trackers`; `resume`
     reopens the tracked runs), else TensorBoard events in WORKDIR/tb when `tensorboard`."""
 
-    def __init__(self, workdir: str | os.PathLike, tensorboard: bool = True, config: Any = None,
+    def __init__(self, workdir: str | os.PathLike, tensorboard: bool = True, config: RunConfig | None = None,
                  resume: bool = False) -> None:
-        from kljax.train import tracking
-
         self.active = jax.process_index() == 0
         self.path = Path(workdir) / "metrics.jsonl"
         self._trackers: list[tracking.Tracker] = []

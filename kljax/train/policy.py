@@ -16,19 +16,22 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import ml_collections
 
+from kljax.config.sections import ModelSection
 from kljax.errors import UserError
 from kljax.models import transformer as tfm
 from kljax.models.config import ModelConfig
-from kljax.models.lora import from_section as lora_from_section
+from kljax.models.convert import check_hf_dir, check_vocab, load_hf_checkpoint
+from kljax.models.default import default_model_dir
+from kljax.models.hf_tokenizer import load_hf_tokenizer
 from kljax.models.tokenizers import CharTokenizer
 from kljax.parallel import sharding as shd
+from kljax.tasks.toy_optimum import MODEL_SOURCES as TOY_MODEL_SOURCES
 
 
 @dataclasses.dataclass
 class Policy:
-    model: Any  # a ModelConfig, or any policy model (`kljax.models.policy_api`)
+    model: Any  # a ModelConfig, or any policy model (`kljax.policies.protocol`)
     params: Any
     param_shardings: Any
     tokenizer: Any
@@ -36,38 +39,36 @@ class Policy:
     pad_id: int
 
 
-def _runtime(section: ml_collections.ConfigDict) -> dict[str, Any]:
-    return dict(dtype=section.dtype, param_dtype=section.param_dtype, scan_layers=bool(section.scan_layers),
-                remat=section.remat, kernels=section.get("kernels", "auto"), lora=lora_from_section(section))
+def _runtime(section: ModelSection) -> dict[str, Any]:
+    return dict(dtype=section.dtype, param_dtype=section.param_dtype, scan_layers=section.scan_layers,
+                remat=section.remat, kernels=section.kernels, lora=section.lora.adapters())
 
 
-def tiny_model_config(section: ml_collections.ConfigDict, vocab_size: int,
+def tiny_model_config(section: ModelSection, vocab_size: int,
                       eos_token_id: int = CharTokenizer.eos_token_id,
                       pad_token_id: int = CharTokenizer.pad_token_id) -> ModelConfig:
     """The tiny Llama-style config of config.model.tiny over a tokenizer of `vocab_size` ids."""
     t = section.tiny
-    if int(t.vocab_size) != vocab_size:
-        raise ValueError(f"config.model.tiny.vocab_size={t.vocab_size} must equal the tokenizer's {vocab_size}")
+    if t.vocab_size != vocab_size:
+        raise UserError(f"config.model.tiny.vocab_size={t.vocab_size} must equal the tokenizer's {vocab_size}")
     return ModelConfig(
-        architecture="LlamaForCausalLM", vocab_size=vocab_size, hidden_size=int(t.hidden_size),
-        intermediate_size=int(t.intermediate_size), num_layers=int(t.num_layers), num_heads=int(t.num_heads),
-        num_kv_heads=int(t.num_kv_heads), head_dim=int(t.head_dim),
-        max_position_embeddings=int(t.max_position_embeddings), tie_embeddings=False,
+        architecture="LlamaForCausalLM", vocab_size=vocab_size, hidden_size=t.hidden_size,
+        intermediate_size=t.intermediate_size, num_layers=t.num_layers, num_heads=t.num_heads,
+        num_kv_heads=t.num_kv_heads, head_dim=t.head_dim,
+        max_position_embeddings=t.max_position_embeddings, tie_embeddings=False,
         eos_token_ids=(eos_token_id,), pad_token_id=pad_token_id, **_runtime(section),
     )
 
 
-def _task_tokenizer(section: ml_collections.ConfigDict, task: Any) -> Any:
+def _task_tokenizer(section: ModelSection, task: Any) -> Any:
     """The tokenizer a task brings (its token ids are its responses), checked against config.model.source."""
-    from kljax.tasks.toy_optimum import MODEL_SOURCES
-
     tokenizer = None if task is None else task.tokenizer
     if section.source == "tabular" and tokenizer is None:
         raise UserError(f"config.model.source='tabular' needs a task that enumerates its responses "
                         f"(task.name='toy_optimum'), not {getattr(task, 'name', None)!r}")
-    if tokenizer is not None and section.source not in MODEL_SOURCES:
+    if tokenizer is not None and section.source not in TOY_MODEL_SOURCES:
         raise UserError(f"task {task.name!r} has its own token ids: config.model.source={section.source!r} "
-                        f"must be one of {list(MODEL_SOURCES)}")
+                        f"must be one of {list(TOY_MODEL_SOURCES)}")
     if tokenizer is not None and section.source == "tiny" and tokenizer.vocab_size != task.vocab:
         raise UserError(f"task {task.name!r} with the tiny transformer: {task.num_prompts} shapes need a vocabulary "
                         f"of at least as many ids, config.task.toy.vocab={task.vocab} (the model could "
@@ -75,7 +76,7 @@ def _task_tokenizer(section: ml_collections.ConfigDict, task: Any) -> Any:
     return tokenizer
 
 
-def load_policy(section: ml_collections.ConfigDict, mesh: Any, seed: int = 0, task: Any = None,
+def load_policy(section: ModelSection, mesh: Any, seed: int = 0, task: Any = None,
                 before_weights: Callable[[Any, Any], None] | None = None) -> Policy:
     """Model, sharded params and tokenizer for config.model (and the task, when it brings its tokenizer).
     `before_weights(model, tokenizer)` runs once both are known, before a weight is made, read or compiled
@@ -86,7 +87,7 @@ def load_policy(section: ml_collections.ConfigDict, mesh: Any, seed: int = 0, ta
         model = task.tabular_policy()
         check(model, task_tokenizer)
         replicated = shd.replicated(mesh)
-        init = jax.jit(lambda: model.init_params(jax.random.PRNGKey(seed), scale=float(section.tabular.init_scale)),
+        init = jax.jit(lambda: model.init_params(jax.random.PRNGKey(seed), scale=section.tabular.init_scale),
                        out_shardings=replicated)
         params = init()
         shardings = jax.tree.map(lambda _: replicated, params)
@@ -97,19 +98,11 @@ def load_policy(section: ml_collections.ConfigDict, mesh: Any, seed: int = 0, ta
         model = tiny_model_config(section, tokenizer.vocab_size, tokenizer.eos_token_id, tokenizer.pad_token_id)
         check(model, tokenizer)
         shardings = shd.logical_to_sharding(tfm.logical_axes(model), tfm.param_shapes(model), mesh)
-        init = jax.jit(lambda: tfm.init_params(model, jax.random.PRNGKey(seed), std=float(section.tiny.init_std)),
+        init = jax.jit(lambda: tfm.init_params(model, jax.random.PRNGKey(seed), std=section.tiny.init_std),
                        out_shardings=shardings)
         return Policy(model, init(), shardings, tokenizer, (tokenizer.eos_token_id,), tokenizer.pad_token_id)
 
-    from kljax.models.convert import check_hf_dir, check_vocab, load_hf_checkpoint
-    from kljax.models.hf_tokenizer import load_hf_tokenizer
-
-    if section.source == "default":
-        from kljax.models.default import default_model_dir
-
-        model_dir = default_model_dir()
-    else:
-        model_dir = section.source
+    model_dir = default_model_dir() if section.source == "default" else section.source
     model = check_hf_dir(model_dir, **_runtime(section))  # names and shapes, before reading a weight
     tokenizer = load_hf_tokenizer(model_dir)
     check_vocab(model, len(tokenizer))

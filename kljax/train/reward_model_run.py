@@ -1,6 +1,6 @@
 """A run's reward from its config: reward functions and, with reward.model=DIR, a reward model in JAX.
 
-    reward = reward_from_config(config, task, mesh, policy)   # a RewardSet, or None (the task's own reward)
+    reward = reward_from_config(config, task, mesh, policy, functions)   # a RewardSet, or None (the task's own)
 
 The reward model scores the conversation [user: prompt, assistant: completion] rendered with its
 tokenizer's chat template (prompt + completion without one), right-padded to a fixed length
@@ -14,9 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 
+from kljax.config.run import RunConfig
+from kljax.models.reward_model import load_reward_model, reward_scores
 from kljax.parallel.sharding import data_sharding
 from kljax.tasks.base import Task
 from kljax.tasks.prompting import has_chat_template
@@ -31,8 +32,6 @@ class RewardModelFunction:
 
     def __init__(self, model_dir: str, mesh: Any, max_len: int, dtype: str = "float32"):
         from transformers import AutoTokenizer
-
-        from kljax.models.reward_model import load_reward_model
 
         self.rm = load_reward_model(model_dir, mesh=mesh, dtype=dtype, param_dtype=dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -60,8 +59,6 @@ class RewardModelFunction:
         return ids, mask
 
     def __call__(self, prompts: list[str], completions: list[str], **_: Any) -> list[float]:
-        from kljax.models.reward_model import reward_scores
-
         n = len(prompts)
         ids, mask = self.encode(list(prompts), list(completions))
         shards = 1 if self.mesh is None else int(self.mesh.shape["data"] * self.mesh.shape["fsdp"])
@@ -78,21 +75,18 @@ class RewardModelFunction:
         return [float(s) for s in np.asarray(jax.device_get(scores))[:n]]
 
 
-def reward_from_config(config: ml_collections.ConfigDict, task: Task, mesh: Any, policy: Any = None,
+def reward_from_config(config: RunConfig, task: Task, mesh: Any, policy: Any = None,
                        functions: RewardSet | None = None) -> RewardSet | None:
-    """The RewardSet of config.reward (functions + reward model), or None when neither is set.
-    `functions`: the RewardSet of the functions, already bound (`RewardSet.from_config`, before the
-    policy loads); the reward model is added to it."""
-    r = config.get("reward", ml_collections.ConfigDict())
+    """`functions` (the run's reward functions, already bound before the policy loaded: `RewardSet.build`)
+    with config.reward.model's reward model added, or None when there is neither."""
+    r = config.reward
     rewards = functions if functions is not None else RewardSet.from_config(config, task)
-    model_dir = str(r.get("model", "") or "")
-    if model_dir:
-        default_len = 2 * (int(config.rl.max_prompt_len) + int(config.rl.max_new_tokens))
-        max_len = int(r.get("model_max_len", 0) or 0) or default_len
-        model = RewardModelFunction(model_dir, mesh, max_len, dtype=str(config.model.get("dtype", "float32")))
+    if r.model:
+        default_len = 2 * (config.rl.max_prompt_len + config.rl.max_new_tokens)
+        model = RewardModelFunction(r.model, mesh, r.model_max_len or default_len, dtype=config.model.dtype)
         if rewards is None:
-            rewards = RewardSet(task, [], [], str(r.get("on_error", "raise")), r.get("timeout_s", None))
-        rewards.add("reward_model", model, float(r.get("model_weight", 1.0)))
+            rewards = RewardSet(task, [], [], r.on_error, r.timeout_s)
+        rewards.add("reward_model", model, r.model_weight)
     if rewards is not None and policy is not None:
         rewards.tokenizer = policy.tokenizer
     return rewards

@@ -1,6 +1,7 @@
 """A run's reward: the weighted sum of reward functions (and a reward model), checked value by value.
 
-    rewards = RewardSet.from_config(config, task)          # binds every signature: before the model loads
+    functions = reward_functions(config.reward)            # the config's specs (or the API's callables)
+    rewards = RewardSet.build(task, config.reward, functions, split)   # binds every signature: before the model loads
     rewards.add("reward_model", fn, weight)                # a reward model, once loaded
     result = rewards(examples, completions, completion_ids)  # RewardResult: total, correct, parts, metrics
 
@@ -14,7 +15,7 @@ value or one beyond float32's range is an error: with reward.on_error="raise" (d
 sequences score 0 for that function and are counted (`reward/NAME/errors`). When a batched call fails
 as a whole, items are retried alone to find the failing examples (with "raise", up to the first).
 A function that calls sys.exit or os._exit, closes the run's file descriptors or is interrupted stops
-the run with one line naming it (`kljax.train.reward_guard`).
+the run with one line naming it (`kljax.boundary.reward_guard`).
 
 With reward.timeout_s set, the user's functions run in a `VerifierPool` of worker processes with that
 time limit per call, their module imported there, within the limit too (their code then cannot hang,
@@ -27,23 +28,24 @@ without an answer column it is 0.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copy
 import dataclasses
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-import ml_collections
 import numpy as np
 
+from kljax.config.run import RunConfig
+from kljax.config.sections import ON_ERROR, RewardSection, choice
+from kljax.errors import UserError
 from kljax.tasks import reward_functions as rf
 from kljax.tasks.base import Example, Task
 from kljax.tasks.pool import NOT_RUN, Outcome, VerifierPool
 from kljax.tasks.rewards import score_batch
-from kljax.train.reward_guard import in_process_guard
 
-ON_ERROR = ("raise", "skip")
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 _HOOKS = ("trainer_state", "log_metric", "log_extra")  # not per-sample: passed as they are
 
@@ -92,45 +94,27 @@ def trainer_state(task: Task, split: str, step: int, position: int, max_steps: i
     return rf.TrainerState(global_step=step, epoch=position / rows if rows else 0.0, max_steps=max_steps)
 
 
-def check_reward_config(r: Any) -> None:
-    """config.reward's values that cannot be meant, whether or not any function is set (UserErrors)."""
-    from kljax.errors import UserError
-
-    on_error = r.get("on_error", "raise")
-    if on_error not in ON_ERROR:
-        raise UserError(f"reward.on_error={on_error!r} is not valid; choose one of {list(ON_ERROR)}")
-    timeout = r.get("timeout_s", None)
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                or not math.isfinite(timeout) or timeout <= 0):
-        raise UserError(f"reward.timeout_s={timeout!r} must be a number of seconds > 0, or None to run reward "
-                        "functions in this process")
-    parse_weights(r.get("weights", None), None)
-    if not isinstance(r.get("functions", ""), str):
-        raise UserError(f"reward.functions={r.get('functions')!r} must be a comma-separated string of "
-                        "module:fn, file.py:fn or built-in names")
-
-
-def parse_weights(value: Any, n: int | None) -> list[float]:
-    """reward.weights as n floats (None/"": all 1.0); a UserError naming the field when not numbers or not n."""
-    from kljax.errors import UserError
-
-    if value is None or value == "":
-        return [1.0] * (n or 0)
-    given = value
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        value = [value]
-    elif isinstance(value, str):
-        value = [v for v in value.split(",") if v.strip()]
-    try:
-        out = [float(v) for v in value if not isinstance(v, bool)]
-        if len(out) != len(value) or not all(math.isfinite(w) for w in out):
-            raise ValueError
-    except (TypeError, ValueError):
-        raise UserError(f"reward.weights={given!r} must be finite numbers, one per reward function, e.g. "
-                        "(1.0,0.5)") from None
-    if n is not None and len(out) != n:
-        raise UserError(f"reward.weights={given!r} has {len(out)} values for {n} reward functions")
+def reward_functions(r: RewardSection, given: Sequence[Any] | None = None) -> list[Any]:
+    """The run's reward functions as one list of callables and `RewardRef`s: `given` (the API's
+    callables or specs) or the specs of reward.functions, each spec resolved now (its module imported,
+    a UserError naming it when it cannot be) unless reward.timeout_s runs it in a worker process."""
+    load = r.timeout_s is None
+    specs = list(r.functions) if given is None else list(given)
+    out: list[Any] = []
+    for f in specs:
+        out.extend(rf.parse_specs(f, load=load) if isinstance(f, str) else [f])
     return out
+
+
+class _NoProblem:
+    problem: str | None = None
+
+
+@contextlib.contextmanager
+def no_guard(who: str, active: bool = True) -> Iterator[_NoProblem]:
+    """The guard of a RewardSet given none: the call runs as it is (`kljax.boundary.reward_guard`
+    is the one the command line and the API give)."""
+    yield _NoProblem()
 
 
 class _MetricLog:
@@ -156,8 +140,8 @@ class RewardSet:
 
     def __init__(self, task: Task, functions: Sequence[tuple[str, Any]], weights: Sequence[float],
                  on_error: str = "raise", timeout_s: float | None = None, columns: Sequence[str] | None = None,
-                 conversational: bool | None = None):
-        check_reward_config({"on_error": on_error, "timeout_s": timeout_s})
+                 conversational: bool | None = None, guard: Any = None):
+        choice("reward.on_error", on_error, ON_ERROR)
         if len(weights) != len(functions):
             raise ValueError(f"reward.weights has {len(weights)} values for {len(functions)} reward functions")
         names = [n for n, _ in functions]
@@ -169,6 +153,7 @@ class RewardSet:
         self.tokenizer: Any = None  # encodes completions for `completion_ids` when a caller gives none
         self.state = rf.TrainerState()  # the trainer sets it before each rollout
         self._pool: VerifierPool | None = None
+        self.guard = guard or no_guard
         self.functions = [(name, self._placed(fn)) for name, fn in functions]
         self.keywords: dict[str, tuple[str, ...]] = {}
         if columns is not None:
@@ -188,28 +173,28 @@ class RewardSet:
         return self.timeout_s is not None and rf.is_user_code(fn)
 
     @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict, task: Task,
-                    functions: Sequence[Any] | None = None, columns: Sequence[str] | None = None) -> RewardSet | None:
-        """The config's reward functions (or `functions`: callables, specs or RewardRefs, e.g. from
-        `kljax.RLTrainer`), their signatures bound against `columns` (default: the task's); None when
-        there are none."""
-        r = config.get("reward", ml_collections.ConfigDict())
-        check_reward_config(r)
-        timeout = r.get("timeout_s", None)
-        if functions is None:
-            functions = rf.parse_specs(str(r.get("functions", "") or ""), load=timeout is None)
-        refs = [g for f in functions or () for g in (rf.parse_specs(f, load=timeout is None) if isinstance(f, str)
-                                                      else [f])]
-        if not refs:
+    def build(cls, task: Task, r: RewardSection, functions: Sequence[Any], split: str = "train",
+              columns: Sequence[str] | None = None, guard: Any = None) -> RewardSet | None:
+        """A RewardSet of `functions` (`reward_functions`) weighted by r.weights, their signatures bound
+        against `columns` (default: the columns of the task's `split`); None when there are none."""
+        if not functions:
             return None
-        named = [(rf.function_name(f), f) for f in refs]
+        named = [(rf.function_name(f), f) for f in functions]
         if len({n for n, _ in named}) != len(named):  # the same name from two places: tell them apart
             named = [(getattr(f, "spec", n).rsplit("/", 1)[-1] if isinstance(f, rf.RewardRef) else
                       f"{getattr(f, '__module__', '')}.{n}", f) for n, f in named]
-        split = str(config.task.get("split", "train"))
-        return cls(task, named, parse_weights(r.get("weights", None), len(named)), str(r.get("on_error", "raise")),
-                   None if timeout is None else float(timeout),
-                   columns=task_columns(task, split) if columns is None else columns)
+        weights = [1.0] * len(named) if r.weights is None else list(r.weights)
+        if len(weights) != len(named):
+            raise UserError(f"reward.weights={list(weights)!r} has {len(weights)} values for {len(named)} reward "
+                            f"functions {[n for n, _ in named]}")
+        return cls(task, named, weights, r.on_error, r.timeout_s,
+                   columns=task_columns(task, split) if columns is None else columns, guard=guard)
+
+    @classmethod
+    def from_config(cls, config: RunConfig, task: Task, columns: Sequence[str] | None = None,
+                    guard: Any = None) -> RewardSet | None:
+        """`build` with config.reward's own functions (their specs resolved) and the train split."""
+        return cls.build(task, config.reward, reward_functions(config.reward), config.task.split, columns, guard)
 
     def add(self, name: str, fn: Any, weight: float) -> None:
         """Add a function (the reward model) once it is loaded."""
@@ -319,13 +304,16 @@ class RewardSet:
             kwargs = {k: v if k in _HOOKS else copy.deepcopy(v) for k, v in kwargs.items()}  # its own copies
             value, error = None, None
             try:
-                with in_process_guard(who, active=guarded) as guard:  # os._exit, closed fds, crashes
+                with self.guard(who, active=guarded) as guard:  # os._exit, closed fds, crashes (boundary)
                     value = rf.call(fn, kwargs)
             except (SystemExit, KeyboardInterrupt) as e:  # would end the run without a word: say who
                 what = "called sys.exit" if isinstance(e, SystemExit) else "was interrupted (KeyboardInterrupt)"
                 raise RewardFunctionError(f"{who} {what}{f' ({e})' if str(e) else ''}; the run stops") from None
             except Exception as e:  # noqa: BLE001 - reported (or skipped) below, naming the function
                 error = f"{type(e).__name__}: {e}"
+            except BaseException as e:  # noqa: BLE001 - not an Exception: it would end the run with a traceback
+                raise RewardFunctionError(f"{who} raised {type(e).__name__}, which is not an Exception; the run "
+                                          "stops (raise an Exception subclass to report a failure)") from None
             if guard.problem:
                 raise RewardFunctionError(f"{who} {guard.problem}; the run stops (with reward.timeout_s reward "
                                           "functions run in worker processes, where this cannot reach the run)")

@@ -29,17 +29,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from kljax import sampling
+from kljax.config.rl import RLConfig
 from kljax.models.config import ModelConfig
-from kljax.models.policy_api import as_policy
 from kljax.parallel.distributed import global_from_local_rows, local_rows
 from kljax.parallel.sharding import data_sharding
+from kljax.policies.protocol import as_policy
 from kljax.rl.advantages import DEFAULT_STD_EPS
 from kljax.rl.kl import KLConfig
 from kljax.rl.objective import advantages_with_kl
 from kljax.tasks import prompting
 from kljax.tasks.base import Example, Task
 from kljax.tasks.rewards import score_batch
-from kljax.train.config import RLConfig
 from kljax.train.step import Batch
 
 Array = jax.Array

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from kljax.errors import UserError
+
 LINE_KEYS = ("reward", "accuracy", "kl_seq", "beta", "entropy", "exact/gap", "time_step")
 
 
@@ -89,7 +91,6 @@ def truncate_jsonl(path: str | os.PathLike, step: int) -> str | None:
     A last line that is not JSON (cut short: the run was killed while appending it) is dropped and
     the returned note says so (None when there was nothing to say); a malformed line elsewhere is a
     UserError naming the file and line."""
-    from kljax.errors import UserError
 
     path = Path(path)
     if not path.exists():

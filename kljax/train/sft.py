@@ -35,7 +35,16 @@ from tqdm.auto import tqdm
 
 from kljax.models import transformer as tfm
 from kljax.models.config import ModelConfig
+from kljax.models.convert import export_hf
 from kljax.models.tokenizers import DEFAULT_ALPHABET, CharTokenizer
+from kljax.models.transformer import positions_from_mask
+from kljax.policies.transformer import response_logprobs
+from kljax.tasks.registry import get_task
+from kljax.tasks.rewards import score_batch
+from kljax.train.evaluate_loop import greedy_completions
+from kljax.train.policy import Policy
+from kljax.train.rollout import encode_prompts, prompt_texts
+from kljax.train.run_build import enable_compilation_cache
 
 # Every character of the arithmetic task's raw prompts ("What is 12 + 34?") and answers.
 ARITHMETIC_ALPHABET = DEFAULT_ALPHABET + "/Whatis"
@@ -109,7 +118,6 @@ def save_char_tokenizer(out_dir: str | Path, alphabet: str = DEFAULT_ALPHABET) -
 def export_char_model(params: Any, config: ModelConfig, out_dir: str | Path, alphabet: str,
                       overwrite: bool = True) -> Path:
     """A kljax model over a character vocabulary -> HF checkpoint dir with its tokenizer files."""
-    from kljax.models.convert import export_hf
 
     out_dir = export_hf(params, config, out_dir, overwrite=overwrite)
     save_char_tokenizer(out_dir, alphabet)
@@ -119,8 +127,6 @@ def export_char_model(params: Any, config: ModelConfig, out_dir: str | Path, alp
 def make_batch(examples: list[Any], task: Any, tokenizer: CharTokenizer, prompt_len: int,
                answer_len: int) -> dict[str, np.ndarray]:
     """tokens/mask/positions [B, P + R] and the target mask [B, R] (answer chars + EOS), R = answer_len + 1."""
-    from kljax.models.transformer import positions_from_mask
-    from kljax.train.rollout import encode_prompts, prompt_texts
 
     texts = prompt_texts(examples, task, tokenizer, "raw")
     prompt_ids, prompt_mask = encode_prompts(texts, tokenizer, prompt_len, tokenizer.pad_token_id)
@@ -141,7 +147,6 @@ def make_batch(examples: list[Any], task: Any, tokenizer: CharTokenizer, prompt_
 
 
 def _loss(params: Any, batch: dict[str, jax.Array], config: ModelConfig) -> jax.Array:
-    from kljax.models.transformer_policy import response_logprobs
 
     r = batch["target_mask"].shape[1]
     logp = response_logprobs(params, batch["tokens"], batch["mask"], batch["positions"], r, config)
@@ -151,10 +156,6 @@ def _loss(params: Any, batch: dict[str, jax.Array], config: ModelConfig) -> jax.
 
 def greedy_accuracy(params: Any, config: ModelConfig, s: SFTSettings, task: Any) -> dict[str, float]:
     """Greedy accuracy per eval split (raw prompts, `s.eval_examples` each, seed `s.seed`)."""
-    from kljax.tasks.rewards import score_batch
-    from kljax.train.evaluate_loop import greedy_completions
-    from kljax.train.policy import Policy
-    from kljax.train.rollout import prompt_texts
 
     tok = CharTokenizer(s.alphabet)
     policy = Policy(config, params, None, tok, (tok.eos_token_id,), tok.pad_token_id)
@@ -170,8 +171,6 @@ def greedy_accuracy(params: Any, config: ModelConfig, s: SFTSettings, task: Any)
 
 def train_sft(settings: SFTSettings, progress: bool = True) -> tuple[Any, ModelConfig, list[float], float]:
     """(params, model config, loss per step, seconds): minimize the cross-entropy of the module docstring."""
-    from kljax.tasks.registry import get_task
-    from kljax.train.run_build import enable_compilation_cache
 
     enable_compilation_cache()
     s = settings
@@ -211,7 +210,6 @@ def train_sft(settings: SFTSettings, progress: bool = True) -> tuple[Any, ModelC
 def sft_warm_start(settings: SFTSettings, out_dir: str | Path, progress: bool = True) -> dict[str, Any]:
     """Train (`train_sft`), export OUT_DIR (HF checkpoint + char tokenizer) and OUT_DIR/sft.json;
     returns that summary. Reuses OUT_DIR when sft.json is already there."""
-    from kljax.tasks.registry import get_task
 
     out_dir = Path(out_dir)
     if (out_dir / SFT_SUMMARY).exists():

@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from kljax.config.sections import OptimConfig
+from kljax.models import lora
 from kljax.models import transformer as tfm
 from kljax.models.config import ModelConfig
 from kljax.parallel import sharding as shd
@@ -35,37 +37,12 @@ class TrainState:
     rng: jax.Array
 
 
-@dataclasses.dataclass(frozen=True)
-class OptimConfig:
-    """AdamW with global-norm clipping and a warmup + constant/cosine/linear schedule."""
-
-    learning_rate: float = 1e-6
-    schedule: str = "constant"
-    warmup_steps: int = 0
-    total_steps: int = 1000
-    end_lr_fraction: float = 0.0
-    weight_decay: float = 0.0
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
-    max_grad_norm: float = 1.0
-
-    def __post_init__(self) -> None:
-        schedules = ("constant", "cosine", "linear")
-        if self.schedule not in schedules:
-            raise ValueError(f"optim.schedule={self.schedule!r} is not valid; choose one of {list(schedules)}")
-        if not self.learning_rate > 0:
-            raise ValueError(f"optim.learning_rate={self.learning_rate!r} must be > 0")
-        if self.warmup_steps < 0 or self.total_steps < 1:
-            raise ValueError(
-                f"optim.warmup_steps={self.warmup_steps} must be >= 0 and optim.total_steps={self.total_steps} >= 1"
-            )
-        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
-            raise ValueError(f"optim.max_grad_norm={self.max_grad_norm!r} must be > 0 (or None)")
-
-
 def learning_rate_schedule(c: OptimConfig) -> optax.Schedule:
-    decay_steps = max(c.total_steps - c.warmup_steps, 1)
+    """Linear warmup over c.warmup_steps, then constant, or a cosine / linear decay to
+    learning_rate * end_lr_fraction at c.total_steps (which a decay needs: `RunConfig.run_optim`)."""
+    if c.schedule != "constant" and c.total_steps is None:
+        raise ValueError(f"optim.schedule={c.schedule!r} decays over optim.total_steps, which is None")
+    decay_steps = max((c.total_steps or 1) - c.warmup_steps, 1)
     end = c.learning_rate * c.end_lr_fraction
     if c.schedule == "cosine":
         after = optax.cosine_decay_schedule(c.learning_rate, decay_steps, alpha=c.end_lr_fraction)
@@ -82,7 +59,7 @@ def learning_rate_schedule(c: OptimConfig) -> optax.Schedule:
 def make_optimizer(c: OptimConfig) -> optax.GradientTransformation:
     """optax.chain(clip_by_global_norm(c.max_grad_norm), adamw(...)); no clip when max_grad_norm is None.
 
-    `kljax.train.optimizer_step.update_in_place` applies the same update in place (the train step
+    `kljax.kernels.cpu.adamw.update_in_place` applies the same update in place (the train step
     uses it when given the OptimConfig instead of this transformation)."""
     parts = []
     if c.max_grad_norm is not None:
@@ -101,7 +78,6 @@ def param_shardings(model_config: ModelConfig, mesh: Mesh) -> Params:
 def adapter_shardings(model_config: ModelConfig, mesh: Mesh) -> Params:
     """NamedSharding pytree of the LoRA adapters (`kljax.models.lora.logical_axes`: A split like its base
     weight's input axes, B like its output axes, the rank axis replicated)."""
-    from kljax.models import lora
 
     return shd.logical_to_sharding(lora.logical_axes(model_config), lora.adapter_shapes(model_config), mesh)
 

@@ -2,7 +2,7 @@
 
 Sequences are prompt + response, `tokens_bs` [B, S] with the response in the last R positions
 (S = P + R; the prompt is left-padded, the response right-padded). The policy is any policy model
-(`kljax.models.policy_api`: the transformer, or the tabular policy of exact tests and studies).
+(`kljax.policies.protocol`: the transformer, or the tabular policy of exact tests and studies).
 
 The loss minimized by `train_step` is the objective of `kljax.rl.objective`:
     loss = sum_b w_b * (sum_t pg_bt + beta * kl_b) / D,
@@ -20,11 +20,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from kljax.models.policy_api import PolicyModel, as_policy
-from kljax.parallel.sharding import constrain_batch
-from kljax.rl import objective as obj
-from kljax.rl.kl import KL_METRICS, KLConfig, kl_metric_sums, kl_metrics_from_sums
-from kljax.train.optimizer_step import (
+from kljax.config.sections import OptimConfig
+from kljax.kernels.cpu.adamw import (
     LAYERS,
     join_layers,
     split_layers,
@@ -32,7 +29,13 @@ from kljax.train.optimizer_step import (
     update_in_place,
     update_is_finite,
 )
-from kljax.train.state import OptimConfig, TrainState
+from kljax.models import lora
+from kljax.parallel import sharding as shd
+from kljax.parallel.sharding import constrain_batch
+from kljax.policies.protocol import PolicyModel, as_policy
+from kljax.rl import objective as obj
+from kljax.rl.kl import KL_METRICS, KLConfig, kl_metric_sums, kl_metrics_from_sums
+from kljax.train.state import TrainState, learning_rate_schedule
 
 Array = jax.Array
 
@@ -71,7 +74,7 @@ class StepSettings:
     micro_batches: int = 1
     logprob_chunk: int = 256
     # The policy trained is softmax(logits / temperature), the reference's log-probs likewise: the
-    # distribution a sampler at rl.temperature draws from (`kljax.train.config.RLConfig.policy_temperature`).
+    # distribution a sampler at rl.temperature draws from (`kljax.config.RLConfig.policy_temperature`).
     temperature: float = 1.0
     # Dual-clip PPO (verl's clip_ratio_c): a token with a negative advantage and ratio above it has
     # no gradient. None: off.
@@ -88,7 +91,7 @@ class StepSettings:
 
     @classmethod
     def from_rl(cls, model: Any, kl: KLConfig, rl: Any, kl_metrics: bool = False) -> StepSettings:
-        """The train step of a run with `kljax.train.config.RLConfig` rl (the trainer's, and the exact tests')."""
+        """The train step of a run with `kljax.config.RLConfig` rl (the trainer's, and the exact tests')."""
         return cls(model, kl, rl.loss_aggregation, rl.clip_low, rl.clip_high, rl.micro_batches,
                    temperature=rl.policy_temperature, clip_ratio_c=rl.clip_ratio_c, kl_metrics=kl_metrics)
 
@@ -146,7 +149,6 @@ def score(
 
 def batch_shardings(batch: Batch, mesh: Any) -> Batch:
     """Per-field shardings: sequences split over the (data, fsdp) axes, the scalar beta replicated."""
-    from kljax.parallel import sharding as shd
 
     return jax.tree.map(lambda x: shd.data_sharding(mesh, x.ndim) if x.ndim else shd.replicated(mesh), batch)
 
@@ -163,7 +165,6 @@ def _loss_fn(params: Any, mb: Batch, denominator: Array, s: StepSettings, ref_pa
     policy is their combination, the reference the base alone."""
     mb = _constrain(mb)
     if trains_adapters(s.model):
-        from kljax.models import lora
 
         params = lora.combine(jax.lax.stop_gradient(ref_params), params)
     r = mb.response_mask_br.shape[1]
@@ -240,7 +241,7 @@ def train_step(
 
     tx: an optax transformation, applied to the whole tree; or an OptimConfig, whose
     `make_optimizer` update (the state must be that optimizer's) is applied layer by layer in place
-    (`optimizer_step.update_in_place`: the same numbers, without three parameter-sized temporaries).
+    (`kernels.cpu.adamw.update_in_place`: the same numbers, without three parameter-sized temporaries).
 
     `ref_params` (the frozen reference) is needed only by kl.estimator='full' in the loss, whose
     per-position KL takes both models' logits inside the differentiated function.
@@ -297,8 +298,9 @@ def train_step(
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)  # and the updated params and moments:
     if isinstance(tx, OptimConfig):
-        finite = finite & update_is_finite(tx, grads, state.opt_state, state.params, grad_norm)
-        new_params, new_opt = update_in_place(tx, grads, state.opt_state, state.params, grad_norm, finite)
+        schedule = learning_rate_schedule(tx)
+        finite = finite & update_is_finite(tx, schedule, grads, state.opt_state, state.params, grad_norm)
+        new_params, new_opt = update_in_place(tx, schedule, grads, state.opt_state, state.params, grad_norm, finite)
     else:
         updates, new_opt = tx.update(grads, state.opt_state, state.params)
         new_params = optax.apply_updates(state.params, updates)
@@ -328,6 +330,6 @@ def train_step(
 @jax.jit
 def batch_kl_metrics(scored: dict[str, Array], mask_br: Array) -> dict[str, Array]:
     """k1/k2/k3 means, sequence KL, entropy and response length of a scored batch. One compiled
-    program, not a dozen eager sharded ops (see `kljax.kernels.cpu.threads` for what many of those can do)."""
+    program, not a dozen eager sharded ops (see `kljax.util.threads` for what many of those can do)."""
     sums = _batch_metric_sums(scored["logp"], scored["ref_logp"], scored["entropy"], mask_br)
     return _batch_metrics_from_sums(sums, mask_br)

@@ -13,7 +13,7 @@ mlflow       MLflow (the `track` extra, mlflow-skinny suffices); the tracking UR
              Metric names have "." for "/" (reward.length for reward/length).
 
 A W&B or MLflow tracker that is not installed fails the run before anything loads, in one line naming
-the extra to install (`check_report_to`). The W&B run id and MLflow run id are kept in
+the extra to install (`check_installed`). The W&B run id and MLflow run id are kept in
 WORKDIR/tracking.json, so a resumed run continues the same tracked run. Only process 0 reports.
 """
 
@@ -26,9 +26,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from kljax.config.run import RunConfig
+from kljax.config.sections import TRACKERS, LoggingSection
 from kljax.errors import UserError
 
-TRACKERS = ("tensorboard", "wandb", "mlflow")
+__all__ = ["TRACKERS", "check_installed", "open_trackers"]
 PACKAGES = {"tensorboard": "tensorboardX", "wandb": "wandb", "mlflow": "mlflow"}
 INSTALL = {"wandb": "pip install 'kljax[track]' (or pip install wandb)",
            "mlflow": "pip install 'kljax[track]' (or pip install mlflow-skinny)"}
@@ -41,20 +43,6 @@ class Tracker(Protocol):
     def close(self) -> None: ...
 
 
-def parse_report_to(value: Any) -> tuple[str, ...]:
-    """"tensorboard,wandb" (or a list) -> ("tensorboard", "wandb"); "none"/"" -> (); an unknown name
-    is a UserError listing the valid ones."""
-    items = value if isinstance(value, (list, tuple)) else str(value or "").split(",")
-    names = tuple(dict.fromkeys(str(n).strip().lower() for n in items if str(n).strip()))
-    if names in (("none",), ("all",)):
-        return () if names == ("none",) else TRACKERS
-    unknown = [n for n in names if n not in TRACKERS]
-    if unknown:
-        raise UserError(f"logging.report_to={value!r}: unknown tracker(s) {unknown}; choose from "
-                        f"{', '.join(TRACKERS)} (comma-separated), 'all' or 'none'")
-    return names
-
-
 def _installed(package: str) -> bool:
     try:
         return importlib.util.find_spec(package) is not None
@@ -62,20 +50,15 @@ def _installed(package: str) -> bool:
         return False
 
 
-def check_report_to(config: Any) -> tuple[str, ...]:
-    """The trackers `config.logging.report_to` names; a W&B or MLflow one that is not installed is a
-    UserError naming the extra to install. (TensorBoard is optional: `open_trackers` notes its absence.)"""
-    names = parse_report_to(_logging(config).get("report_to", "tensorboard"))
+def check_installed(logging: LoggingSection) -> tuple[str, ...]:
+    """The trackers logging.report_to names; a W&B or MLflow one that is not installed is a UserError
+    naming the extra to install. (TensorBoard is optional: `open_trackers` notes its absence.)"""
+    names = logging.reporters
     for name in names:
         if name in INSTALL and not _installed(PACKAGES[name]):
             raise UserError(f"logging.report_to names {name!r}, which is not installed: {INSTALL[name]}, "
                             "or leave it out of logging.report_to")
     return names
-
-
-def _logging(config: Any) -> Mapping[str, Any]:
-    section = config.get("logging", None) if hasattr(config, "get") else None
-    return section if section is not None else {}
 
 
 class TensorBoardTracker:
@@ -153,17 +136,16 @@ def _flat_params(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
-def open_trackers(config: Any, workdir: str | Path, resume: bool) -> list[Tracker]:
+def open_trackers(config: RunConfig, workdir: str | Path, resume: bool) -> list[Tracker]:
     """The trackers of `config.logging` for the run in `workdir` (process 0 only: the caller checks);
     a resumed run reopens the W&B / MLflow runs recorded in WORKDIR/tracking.json."""
     workdir = Path(workdir)
-    names = check_report_to(config)
-    section = _logging(config)
-    project = str(section.get("project", "") or "kljax")
-    name = str(section.get("run_name", "") or workdir.resolve().name)
+    names = check_installed(config.logging)
+    project = config.logging.project or "kljax"
+    name = config.logging.run_name or workdir.resolve().name
     ids_path = workdir / IDS_FILE
     ids = json.loads(ids_path.read_text()) if resume and ids_path.is_file() else {}
-    values = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    values = config.to_dict()
     trackers: list[Tracker] = []
     for tracker in names:
         if tracker == "tensorboard":

@@ -31,30 +31,28 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 from tqdm.auto import tqdm
 
+from kljax.config.run import RunConfig
 from kljax.errors import UserError
-from kljax.models.policy_api import frozen_copy
+from kljax.models.base_identity import check_same_base
 from kljax.parallel import distributed
-from kljax.rl.describe import RunObjective, warn_if_biased
+from kljax.policies.protocol import frozen_copy
 from kljax.rl.kl import adapt_beta
 from kljax.tasks.base import Example
-from kljax.train import interrupts, run_logs
+from kljax.train import run_logs
 from kljax.train import state as st
 from kljax.train.checkpoint import RunCheckpointer
-from kljax.train.config import validate
 from kljax.train.evaluate_loop import evaluate_splits
-from kljax.train.io_errors import disk_fault_message
+from kljax.train.events import LoopObserver, Observers
 from kljax.train.metrics import MetricsWriter, to_python
-from kljax.train.owned_paths import claim_run_dir
 from kljax.train.resume_check import check_resume_workdir
 from kljax.train.reward_set import trainer_state
 from kljax.train.rollout import RolloutInfo, rollout
 from kljax.train.run_build import Run, build
 from kljax.train.step import Batch, batch_kl_metrics
-from kljax.train.tracking import check_report_to
-from kljax.train.workdir_lock import WorkdirLock
+from kljax.util.owned_paths import check_claimable, claim_run_dir
+from kljax.verdicts.objective import RunObjective, warn_if_biased
 
 PROGRESS_KEYS = ("reward", "accuracy", "kl_seq", "entropy")
 
@@ -117,11 +115,11 @@ class Iteration:
 
 def step_examples(run: Run, step: int) -> list[Example]:
     """The prompts of 0-based `step`: the data position is the step itself, so a resumed run sees the same."""
-    s = run.settings
+    c = run.config
     if hasattr(run.task, "epoch_examples"):  # file tasks: every row once per epoch, in a seeded order
-        position = step * s.rl.prompts_per_step + run.data_offset
-        return run.task.epoch_examples(s.raw.task.split, position, s.rl.prompts_per_step, s.seed)
-    return run.task.examples(s.raw.task.split, n=s.rl.prompts_per_step, seed=_step_seed(s.seed, step))
+        position = step * c.rl.prompts_per_step + run.data_offset
+        return run.task.epoch_examples(c.task.split, position, c.rl.prompts_per_step, c.seed)
+    return run.task.examples(c.task.split, n=c.rl.prompts_per_step, seed=_step_seed(c.seed, step))
 
 
 def iteration(run: Run, state: st.TrainState, ref_params: Any, step: int, *, beta: float,
@@ -133,21 +131,21 @@ def iteration(run: Run, state: st.TrainState, ref_params: Any, step: int, *, bet
     rl.async_level earlier parameters (the sampler uses the oldest); `examples` overrides the step's
     prompts (`step_examples`), e.g. for a benchmark that must feed another trainer the same ones.
     """
-    settings, rl, kl = run.settings, run.settings.rl, run.settings.kl
+    config, rl, kl = run.config, run.config.rl, run.config.kl
     t_step = time.perf_counter()
     examples = step_examples(run, step) if examples is None else examples
-    key = jax.random.fold_in(jax.random.PRNGKey(settings.seed), step)
+    key = jax.random.fold_in(jax.random.PRNGKey(config.seed), step)
     if rl.async_level and not snapshots:
         raise ValueError(f"rl.async_level={rl.async_level} needs the queue of earlier parameters (snapshots)")
     sampler_params = run.policy_params(snapshots[0] if rl.async_level else state.params)
     if run.reward is not None:  # TRL's `trainer_state` argument of the reward functions
-        run.reward.state = trainer_state(run.task, settings.raw.task.split, step,
-                                         step * rl.prompts_per_step + run.data_offset, settings.steps)
+        run.reward.state = trainer_state(run.task, config.task.split, step,
+                                         step * rl.prompts_per_step + run.data_offset, config.steps)
     batch, info = rollout(
         examples, run.task, run.policy.tokenizer, sampler_params=sampler_params,
         params=run.policy_params(state.params),
         ref_params=ref_params, model_config=run.policy.model, rl=rl, kl=kl, beta=beta,
-        prompt_format=settings.raw.task.prompt_format, key=key, score_fn=run.score_fn,
+        prompt_format=config.task.prompt_format, key=key, score_fn=run.score_fn,
         stop_token_ids=run.policy.stop_token_ids, pad_id=run.policy.pad_id, place=run.place, mesh=run.mesh,
         reward_fn=run.reward,
     )
@@ -178,45 +176,49 @@ def iteration(run: Run, state: st.TrainState, ref_params: Any, step: int, *, bet
     return Iteration(state, queue, next_beta, row, batch, info)
 
 
-def _train(config: ml_collections.ConfigDict, workdir: str | Path, resume: str | None = None,
-           progress: bool = True, stop_after: int | None = None, reward_funcs: Sequence[Any] | None = None
-           ) -> dict[str, Any]:
-    """`train` once WORKDIR is locked; `resume` is a mode of RESUME_MODES or None.
+def check_workdir_for_run(workdir: str | Path, resume: bool | str) -> None:
+    """The checks of WORKDIR before a run writes anything there (UserErrors): a new run needs a directory
+    without another run's checkpoints and without run files kljax did not write; --resume needs a
+    checkpoint (but --resume=auto)."""
+    workdir, mode = Path(workdir), _resume_mode(resume)
+    ckpt = workdir / "checkpoints"
+    steps = sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit()) if ckpt.is_dir() else []
+    if not ckpt.is_dir():
+        check_claimable(workdir)
+    if steps and not mode:
+        raise UserError(f"{workdir} already holds a run (checkpoint at step {steps[-1]}); pass --resume or a new "
+                        "--workdir")
+    if mode and not steps and mode != "auto":
+        raise UserError(f"--resume: {workdir} holds no checkpoint to resume from; pass --resume=auto to start a "
+                        "new run when there is none")
 
-    `stop_after` ends this invocation after that many steps (checkpointing first), e.g. to fit a
-    preemptible time slot; `--resume` continues exactly where it stopped.
-    """
-    settings = validate(config)
-    objective = warn_if_biased(RunObjective.from_rl(settings.rl, settings.kl))
-    workdir = Path(workdir)
+
+def _train(config: RunConfig, workdir: Path, resume: str | None, progress: bool, stop_after: int | None,
+           functions: Sequence[Any] | None, events: Observers, reward_guard: Any) -> dict[str, Any]:
+    objective = warn_if_biased(RunObjective.from_rl(config.rl, config.kl))
     main = distributed.is_main_process()
     if main:
         print(f"kljax train: objective {objective.name}: {objective.verdict}, E[gradient] = {objective.gradient}",
               flush=True)
+    check_workdir_for_run(workdir, resume or False)
     workdir.mkdir(parents=True, exist_ok=True)
     if main and not (workdir / "checkpoints").is_dir():  # a new run: never over files kljax did not write
         claim_run_dir(workdir)
-    ckpt = RunCheckpointer(workdir / "checkpoints", settings.keep_checkpoints)
+    ckpt = RunCheckpointer(workdir / "checkpoints", config.keep_checkpoints)
     latest = ckpt.latest_step()
-    if latest is not None and not resume:
-        raise ValueError(
-            f"{workdir} already holds a run (checkpoint at step {latest}); pass --resume or a new --workdir"
-        )
-    if resume and latest is None and resume != "auto":
-        raise UserError(f"--resume: {workdir} holds no checkpoint to resume from; pass --resume=auto to start a "
-                        "new run when there is none")
-    if resume and latest is not None:  # every process checks (all must refuse), process 0 records
-        check_resume_workdir(workdir, settings.raw.to_dict(), record=main)  # before anything compiles
-    run, state, ref_params = build(settings, reward_funcs)
-    rl, kl = settings.rl, settings.kl
+    resuming = bool(resume and latest is not None)
+    if resuming:  # every process checks (all must refuse), process 0 records; before anything compiles
+        check_resume_workdir(workdir, config.to_dict(), record=main)
+    run, state, ref_params = build(config, functions, reward_guard)
+    config, rl, kl = run.config, run.config.rl, run.config.kl
     snapshots: collections.deque = collections.deque(
         [ref_params if run.base is None else frozen_copy(state.params, run.policy.model)] * rl.async_level,
         maxlen=max(rl.async_level, 1)
     )
     beta = float(kl.beta)
     start = 0
-    writer = MetricsWriter(workdir, config=settings.raw, resume=bool(resume and latest is not None))  # + trackers
-    if resume and latest is not None:
+    writer = MetricsWriter(workdir, config=config, resume=resuming)  # + trackers
+    if resuming:
         like = _checkpoint_tree(state, snapshots)
         snapshot_shardings = collections.deque([run.state_shardings.params] * len(snapshots))
         shardings = _checkpoint_tree(run.state_shardings, snapshot_shardings)
@@ -226,8 +228,6 @@ def _train(config: ml_collections.ConfigDict, workdir: str | Path, resume: str |
                   f"{ckpt.directory}.damaged, resuming from step {latest}", file=sys.stderr, flush=True)
         state = restored["train"]
         if run.base_identity is not None:  # adapters apply only to the base they were trained on
-            from kljax.models.base_identity import check_same_base
-
             where = f"checkpoint at step {latest} in {ckpt.directory}"
             check_same_base(meta.get("lora_base"), run.base_identity, where)
         snapshots = collections.deque(restored["snapshots"], maxlen=max(rl.async_level, 1))
@@ -241,7 +241,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str | Path, resume: str |
     else:
         writer.truncate_after(0)  # rows of an earlier attempt that died before its first checkpoint
         if main:
-            (workdir / "config.json").write_text(json.dumps(settings.raw.to_dict(), indent=2, default=str))
+            (workdir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
             (workdir / "samples.jsonl").unlink(missing_ok=True)
         before = evaluate_splits(run, run.policy_params(state.params))
         if main:
@@ -249,42 +249,55 @@ def _train(config: ml_collections.ConfigDict, workdir: str | Path, resume: str |
             if run.exact is not None:
                 run_logs.write_json(workdir / "exact_before.json", run.exact(ref_params, beta))
 
-    done = start
+    def save(done: int) -> None:
+        meta = {"step": done, "beta": beta, "data_position": done * rl.prompts_per_step + run.data_offset}
+        if run.base_identity is not None:
+            meta["lora_base"] = run.base_identity
+        ckpt.save(done, _checkpoint_tree(state, snapshots), meta)
+        events.on_save()
+
+    events.state.max_steps, events.state.global_step = config.steps, start
+    events.on_train_begin()
+    done, row = start, {}
     nonfinite_run = 0
-    bar = tqdm(range(start, settings.steps), initial=start, total=settings.steps, disable=not (progress and main),
+    bar = tqdm(range(start, config.steps), initial=start, total=config.steps, disable=not (progress and main),
                desc="kljax train", dynamic_ncols=True)
     for step in bar:
-        interrupts.check()  # a Ctrl-C whose KeyboardInterrupt was lost (in a gc callback): stop here
+        events.on_step_begin()
         it = iteration(run, state, ref_params, step, beta=beta, snapshots=snapshots)
         state, snapshots, beta, row = it.state, it.snapshots, it.beta, it.row
-        every = int(settings.raw.get("log_samples_every", 0) or 0)
+        every = config.log_samples_every
         if every and (step + 1) % every == 0 and main and jax.process_count() == 1:
             records = run_logs.sample_records(step + 1, step_examples(run, step), it.info, it.batch, rl.group_size,
-                                              int(settings.raw.get("log_samples_n", 4)))
+                                              config.log_samples_n)
             run_logs.append_jsonl(workdir / "samples.jsonl", records)
         del it  # the batch and rollout info are not needed past the iteration
-        eval_every = int(settings.raw.get("eval_every", 0) or 0)
-        if eval_every and (step + 1) % eval_every == 0 and step + 1 < settings.steps:
+        done = step + 1
+        events.state.global_step = done
+        events.on_step_end()
+        control = events.control
+        every = config.eval_every
+        if ((every and done % every == 0) or control.should_evaluate) and done < config.steps:
             results = evaluate_splits(run, run.policy_params(state.params))
             row.update(run_logs.eval_metrics(results))
             if main:
-                run_logs.write_json(workdir / f"eval_step_{step + 1}.json", results)
-        writer.write(step + 1, row)
+                run_logs.write_json(workdir / f"eval_step_{done}.json", results)
+            events.on_evaluate(results)
+        writer.write(done, row)
+        events.state.log_history.append({"step": done, **row})
+        events.on_log(row)
         if not progress and main:
-            print(run_logs.step_line(step + 1, settings.steps, row), flush=True)
+            print(run_logs.step_line(done, config.steps, row), flush=True)
         nonfinite_run = nonfinite_run + 1 if row["nonfinite"] > 0 else 0
-        if nonfinite_run >= settings.max_nonfinite_steps:
+        if nonfinite_run >= config.max_nonfinite_steps:
             writer.close()
             ckpt.close()
-            raise NonFiniteError(_nonfinite_message(nonfinite_run, step + 1, row, ckpt.latest_step(), workdir))
+            raise NonFiniteError(_nonfinite_message(nonfinite_run, done, row, ckpt.latest_step(), workdir))
         bar.set_postfix({k: f"{row[k]:.3g}" for k in (*PROGRESS_KEYS, "exact/gap") if k in row})
-        done = step + 1
-        stopping = stop_after is not None and done - start >= stop_after
-        if done % settings.checkpoint_every == 0 or done == settings.steps or stopping:
-            meta = {"step": done, "beta": beta, "data_position": done * rl.prompts_per_step + run.data_offset}
-            if run.base_identity is not None:
-                meta["lora_base"] = run.base_identity
-            ckpt.save(done, _checkpoint_tree(state, snapshots), meta)
+        stopping = (stop_after is not None and done - start >= stop_after) or control.should_training_stop
+        if done % config.checkpoint_every == 0 or done == config.steps or stopping or control.should_save:
+            save(done)
+        control.reset_step()
         if stopping:
             break
     bar.close()
@@ -294,13 +307,15 @@ def _train(config: ml_collections.ConfigDict, workdir: str | Path, resume: str |
         run.reward.close()
     if nonfinite_run and nonfinite_run == done - start:  # not one good step: the run learned nothing
         raise NonFiniteError(_nonfinite_message(nonfinite_run, done, row, ckpt.latest_step(), workdir))
-    if done < settings.steps:
+    if done < config.steps:
+        events.on_train_end()
         return {"before": {}, "after": {}, "params": run.policy_params(state.params), "stopped_at": done,
                 "policy": run.policy}
-    interrupts.check()
     after = evaluate_splits(run, run.policy_params(state.params))
     if main:
         run_logs.write_json(workdir / "eval_after.json", after)
+    events.on_evaluate(after)
+    events.on_train_end()
     before_path = workdir / "eval_before.json"
     before = json.loads(before_path.read_text()) if before_path.exists() else {}
     summary = {"before": before, "after": after, "params": run.policy_params(state.params), "policy": run.policy}
@@ -314,38 +329,27 @@ def _train(config: ml_collections.ConfigDict, workdir: str | Path, resume: str |
 RESUME_MODES = ("latest", "auto", "strict")
 
 
-def train(config: ml_collections.ConfigDict, workdir: str | Path, resume: bool | str = False,
-          progress: bool = True, stop_after: int | None = None, reward_funcs: Sequence[Any] | None = None
-          ) -> dict[str, Any]:
+def _resume_mode(resume: bool | str) -> str | None:
+    mode = "latest" if resume is True else (resume or None)
+    if mode not in (None, *RESUME_MODES):
+        raise UserError(f"--resume={resume!r} is not valid; choose one of {list(RESUME_MODES)} (or plain --resume)")
+    return mode
+
+
+def train(config: RunConfig, workdir: str | Path, resume: bool | str = False, progress: bool = True,
+          stop_after: int | None = None, functions: Sequence[Any] | None = None,
+          observers: Sequence[LoopObserver] = (), reward_guard: Any = None) -> dict[str, Any]:
     """Run (or resume) the configured RL run; returns a summary with before/after evaluations.
 
     resume: False starts a new run (a workdir holding a checkpoint is an error); True or "latest"
     continues from the newest intact checkpoint (none is an error; damaged newer ones are reported
     and set aside), "auto" also starts a new run when there is none, "strict" refuses a damaged
-    latest checkpoint. A resumed config may change only `resume_check.SAFE_FIELDS`. WORKDIR is
-    locked for the run (`workdir_lock`): a second run on it is an error.
-    `stop_after` ends this invocation after that many steps (checkpointing first), e.g. to fit a
-    preemptible time slot; `--resume` continues exactly where it stopped.
+    latest checkpoint. A resumed config may change only `resume_check.SAFE_FIELDS`.
+    `stop_after` ends this invocation after that many steps (checkpointing first); `functions`: the
+    reward functions (None: config.reward's); `observers` see every step (`kljax.train.events`);
+    `reward_guard(who, active)`: the context each in-process reward call runs in (`RewardSet`).
     """
-    mode = "latest" if resume is True else (resume or None)
-    if mode not in (None, *RESUME_MODES):
-        raise UserError(f"--resume={resume!r} is not valid; choose one of {list(RESUME_MODES)} (or plain --resume)")
+    mode = _resume_mode(resume)
     if stop_after is not None and (isinstance(stop_after, bool) or not isinstance(stop_after, int) or stop_after < 1):
         raise UserError(f"--stop-after={stop_after!r} must be an integer >= 1 (steps to run in this invocation)")
-    validate(config)  # a bad config creates no workdir
-    check_report_to(config)  # a W&B / MLflow tracker that is not installed: one line, before anything loads
-    Path(workdir).mkdir(parents=True, exist_ok=True)
-    lock = WorkdirLock(workdir).acquire() if distributed.is_main_process() else None
-    try:
-        with interrupts.sticky_sigint():  # Ctrl-C always stops the run
-            return _train(config, workdir, mode, progress=progress, stop_after=stop_after, reward_funcs=reward_funcs)
-    except KeyboardInterrupt:
-        raise KeyboardInterrupt(interrupts.stopped_message(workdir)) from None
-    except OSError as e:  # a full or read-only disk: one line naming the workdir when the error names no file
-        message = disk_fault_message(e, None if e.filename else f"the run's files in {workdir}")
-        if message is None:
-            raise
-        raise UserError(message) from e
-    finally:
-        if lock is not None:
-            lock.release()
+    return _train(config, Path(workdir), mode, progress, stop_after, functions, Observers(observers), reward_guard)

@@ -1,6 +1,6 @@
 """Named sets of KL configurations for studies, and configuration names -> `KLConfig`.
 
-Names are `kljax.rl.kl_describe.config_name`'s: estimator-placement[-rtg][-seq][-tokratio|-seqw[C]], e.g.
+Names are `kljax.verdicts.kl.config_name`'s: estimator-placement[-rtg][-seq][-tokratio|-seqw[C]], e.g.
 'k1-reward', 'k1-reward-rtg', 'k2-loss-seq', 'k3-loss-tokratio', 'k1-reward-seqw10', or 'none'.
 """
 
@@ -11,14 +11,14 @@ from collections.abc import Iterable
 
 from kljax.rl import estimators as est
 from kljax.rl.kl import CREDITS, OFF_POLICY, PLACEMENTS, SCOPES, KLConfig
-from kljax.rl.kl_describe import config_name
-from kljax.rl.kl_table import PRESETS
+from kljax.verdicts.kl import config_name
+from kljax.verdicts.presets import PRESETS
 
 NAMED_SETS = ("presets", "grid", "paper")
 
 
 def preset_configs() -> tuple[KLConfig, ...]:
-    """The rows of `kljax.rl.kl_table.PRESETS`."""
+    """The rows of `kljax.verdicts.presets.PRESETS`."""
     return tuple(c for c, _ in PRESETS)
 
 

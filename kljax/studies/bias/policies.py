@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from kljax.models.tabular import prefix_rows
+from kljax.policies.tabular import prefix_rows
 from kljax.studies.bias.tabular import TabularSpace, all_sequences
 from kljax.studies.bias.transformer import TinyTransformer, numpy_rng
 

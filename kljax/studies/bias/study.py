@@ -25,14 +25,14 @@ import numpy as np
 from tqdm import tqdm
 
 from kljax.rl.kl import KLConfig
-from kljax.rl.kl_describe import config_name, describe
-from kljax.rl.kl_table import PRESETS
 from kljax.studies.bias import catalog
 from kljax.studies.bias.engine import Engine
 from kljax.studies.bias.gradients import Moments, stats_from_moments, total_loss_stats
 from kljax.studies.bias.montecarlo import check_samples, monte_carlo
 from kljax.studies.bias.policies import POLICY_KINDS, check_enumeration, make_policy
 from kljax.studies.bias.setting import OPTIMIZERS, make_setting
+from kljax.verdicts.kl import config_name, describe
+from kljax.verdicts.presets import PRESETS
 
 MODES = ("exact", "montecarlo", "both")
 UNBIASED_TOL = 1e-6

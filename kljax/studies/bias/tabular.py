@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kljax.models.tabular import prefix_rows
+from kljax.policies.tabular import prefix_rows
 
 Array = jax.Array
 

@@ -7,7 +7,7 @@ For each batch the real pieces run: `step.score` (policy and reference log-probs
 SGD(lr = 1), whose update params - new_params is the gradient the trainer takes. Then
     E[g] = sum_batches prod_rows mu(y_row | prompt) * g(batch),
 against the truth grad(-J), J = mean_p (E_pi[R_p] - beta KL_seq,p), computed from the exact
-sequence probabilities. What `kljax.rl.describe` claims is checked against this by
+sequence probabilities. What `kljax.verdicts.objective` claims is checked against this by
 tests/test_objective_exact.py.
 """
 
@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from kljax.models.tabular import TabularPolicy, all_responses
 from kljax.models.transformer import positions_from_mask
+from kljax.policies.tabular import TabularPolicy, all_responses
 from kljax.rl.kl import KLConfig
 from kljax.train.rollout import assemble_batch
 from kljax.train.state import TrainState

@@ -1,6 +1,6 @@
 """What the gradient the trainer takes is, in expectation, for a run's whole objective.
 
-`kljax.rl.kl_describe.describe` states the KL part alone. The trainer's gradient also depends on how the loss
+`kljax.verdicts.kl.describe` states the KL part alone. The trainer's gradient also depends on how the loss
 is aggregated, on the advantage's baseline and scale, and on whether the samples are stale. With
 J = E[R] - beta KL_seq (J = E[R] when there is no KL term), every term of the loss weighted alike
 (`kljax.rl.objective`), one update per batch from the current policy, the expected gradient of the
@@ -11,7 +11,7 @@ loss is c * grad(-J) exactly when
   - the baseline leaves the score function unbiased: RLOO (leave-one-out, c = 1) or Dr. GRPO's
     group mean (it includes the sample itself: c = (G-1)/G on what passes through the advantages);
     GRPO divides by the group's std, which depends on the sample: biased;
-  - the KL part is unbiased for grad KL_seq (`kljax.rl.kl_describe.describe`), and the reward-placed and the
+  - the KL part is unbiased for grad KL_seq (`kljax.verdicts.kl.describe`), and the reward-placed and the
     loss-placed parts and the task reward carry the same c (Dr. GRPO's (G-1)/G reaches only what
     passes through the advantages: with a loss-placed part that is not zero in expectation, or a
     task reward next to a loss-placed KL, the effective beta changes).
@@ -39,8 +39,8 @@ from typing import Any
 
 from kljax.rl.advantages import DEFAULT_STD_EPS
 from kljax.rl.kl import KLBiasWarning, KLConfig
-from kljax.rl.kl_describe import KLDescription, describe
 from kljax.rl.objective import CONSTANT_AGGREGATIONS, DEFAULT_AGGREGATION, check_aggregation
+from kljax.verdicts.kl import KLDescription, describe
 
 VERDICTS = ("unbiased", "scaled", "biased")
 
@@ -73,7 +73,7 @@ class RunObjective:
 
     @classmethod
     def from_rl(cls, rl: Any, kl: KLConfig, task_reward: bool = True) -> RunObjective:
-        """From a `kljax.train.config.RLConfig` (or anything with its field names)."""
+        """From a `kljax.config.RLConfig` (or anything with its field names)."""
         return cls(kl, rl.loss_aggregation, rl.advantage, rl.group_size, rl.clip_low, rl.clip_high,
                    rl.updates_per_batch, rl.async_level, rl.max_new_tokens, task_reward, rl.temperature, rl.top_p,
                    rl.top_k, float(getattr(rl, "min_p", 0.0)), rl.clip_ratio_c, rl.advantage_std_eps)

@@ -7,8 +7,8 @@ A policy model is a static, hashable description (it is a jit static argument) w
       "full_kl" KL(pi(.|h_r) || pi_ref(.|h_r)) (with full_kl=True); every distribution is the
       model's logits divided by `temperature` (the tempered policy a sampler at that temperature draws from).
   sample(params, prompt_tokens_bp, prompt_mask_bp, key, sampling, mesh=None) -> `sampling.SampleResult`.
-`kljax.models.transformer_policy.TransformerPolicy` (any `ModelConfig`) and
-`kljax.models.tabular.TabularPolicy` (one logit row per prefix, exactly enumerable) implement it.
+`kljax.policies.transformer.TransformerPolicy` (any `ModelConfig`) and
+`kljax.policies.tabular.TabularPolicy` (one logit row per prefix, exactly enumerable) implement it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,10 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 import jax
+
+from kljax.models import transformer as tfm
+from kljax.models.config import ModelConfig
+from kljax.policies.transformer import TransformerPolicy
 
 Array = jax.Array
 
@@ -36,22 +40,14 @@ def frozen_copy(params: Any, model: Any) -> Any:
     """A copy in new buffers of parameters only forward passes read (the reference, the async
     sampler's snapshots): `transformer.frozen_copy` for a `ModelConfig` (its frozen dtype), else the
     same arrays copied."""
-    from kljax.models.config import ModelConfig
-
     if isinstance(model, ModelConfig):
-        from kljax.models.transformer import frozen_copy as transformer_frozen_copy
-
-        return transformer_frozen_copy(params, model)
+        return tfm.frozen_copy(params, model)
     return jax.tree.map(jax.numpy.copy, params)
 
 
 def as_policy(model: Any) -> PolicyModel:
     """A `ModelConfig` becomes its `TransformerPolicy`; a policy model is returned as is."""
-    from kljax.models.config import ModelConfig
-
     if isinstance(model, ModelConfig):
-        from kljax.models.transformer_policy import TransformerPolicy
-
         return TransformerPolicy(model)
     if not isinstance(model, PolicyModel):
         raise TypeError(f"{type(model).__name__} is not a policy model (needs teacher_forced and sample)")

@@ -37,6 +37,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from kljax.util.self_command import kljax_argv
+
 TUNABLE = "glibc.malloc.hugetlb"
 OPT_OUT = "KLJAX_HUGEPAGES"
 RETAIN = "KLJAX_MALLOC_RETAIN"
@@ -113,7 +115,7 @@ def expects_cpu_backend(environ: Mapping[str, str], find_spec: Callable[[str], o
 def reexec_with_malloc_tunables(
     args: Sequence[str], execve: Callable[[str, list[str], dict[str, str]], object] = os.execve
 ) -> None:
-    """Replace this process by `kljax ARGS` (`kljax.cli.self_command`: never importing from the working
+    """Replace this process by `kljax ARGS` (`kljax.util.self_command`: never importing from the working
     directory) with the malloc tunables `tuned_environment`
     adds, if any, on a CPU backend (`expects_cpu_backend`); otherwise return and let the caller go on."""
     if not expects_cpu_backend(os.environ):
@@ -123,6 +125,5 @@ def reexec_with_malloc_tunables(
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    from kljax.cli.self_command import kljax_argv
 
     execve(sys.executable, kljax_argv(args), env)

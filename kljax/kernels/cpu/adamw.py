@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from kljax.train.state import OptimConfig, learning_rate_schedule
+from kljax.config.sections import OptimConfig
 
 Params = Any
 LAYERS = "layers"
@@ -68,10 +68,11 @@ def _per_layer(fn: Any, carry: Params, *inputs: Params) -> Params:
 class _Leaf:
     """The per-element AdamW update of the module docstring, for one optimizer step."""
 
-    def __init__(self, c: OptimConfig, t: jax.Array, lr_count: jax.Array, grad_norm: jax.Array) -> None:
+    def __init__(self, c: OptimConfig, schedule: optax.Schedule, t: jax.Array, lr_count: jax.Array,
+                 grad_norm: jax.Array) -> None:
         self.c = c
         self.bc1, self.bc2 = 1 - c.b1 ** t, 1 - c.b2 ** t
-        self.step_size = -learning_rate_schedule(c)(lr_count)
+        self.step_size = -schedule(lr_count)
         self.norm = grad_norm.astype(jnp.float32)
 
     def clip_factor(self) -> jax.Array:
@@ -100,13 +101,14 @@ class _Leaf:
         return jnp.asarray(p + jnp.asarray(self.step_size, u.dtype) * u).astype(p.dtype)
 
 
-def _adam(c: OptimConfig, opt_state: Any, grad_norm: jax.Array) -> tuple[Any, Any, Any, list, jax.Array, _Leaf]:
+def _adam(c: OptimConfig, schedule: optax.Schedule, opt_state: Any, grad_norm: jax.Array
+          ) -> tuple[Any, Any, Any, list, jax.Array, _Leaf]:
     *clip_state, adam_state = opt_state
     if len(adam_state) != 3 or not isinstance(adam_state[0], optax.ScaleByAdamState):
         raise TypeError("opt_state is not the state of state.make_optimizer (chain(clip, adamw))")
     scale, decay_state, lr_state = adam_state
     t = optax.safe_increment(scale.count)
-    return scale, decay_state, lr_state, clip_state, t, _Leaf(c, t, lr_state.count, grad_norm)
+    return scale, decay_state, lr_state, clip_state, t, _Leaf(c, schedule, t, lr_state.count, grad_norm)
 
 
 def tree_all_finite(tree: Any) -> jax.Array:
@@ -115,7 +117,8 @@ def tree_all_finite(tree: Any) -> jax.Array:
     return jnp.all(jnp.stack(oks)) if oks else jnp.asarray(True)
 
 
-def update_is_finite(c: OptimConfig, grads: Params, opt_state: Any, params: Params, grad_norm: jax.Array) -> jax.Array:
+def update_is_finite(c: OptimConfig, schedule: optax.Schedule, grads: Params, opt_state: Any, params: Params,
+                     grad_norm: jax.Array) -> jax.Array:
     """Whether `update_in_place`'s new parameters and moments would all be finite (bool scalar),
     computed as reductions, without writing them. False discards the step like a non-finite loss.
 
@@ -123,7 +126,7 @@ def update_is_finite(c: OptimConfig, grads: Params, opt_state: Any, params: Para
     to the update's `g / ||G|| * max_norm` up to rounding): XLA then fuses it all into the reduce
     and adds no parameter-sized temporary to the step. A division shared by the moments, or an
     `all` per array, made it write the new moments or their masks out first (docs/performance.md)."""
-    scale, *_, leaf = _adam(c, opt_state, grad_norm)
+    scale, *_, leaf = _adam(c, schedule, opt_state, grad_norm)
     clip = leaf.clip_factor()
 
     def one(p: jax.Array, mu: jax.Array, nu: jax.Array, g: jax.Array) -> jax.Array:
@@ -136,15 +139,17 @@ def update_is_finite(c: OptimConfig, grads: Params, opt_state: Any, params: Para
 
 
 def update_in_place(
-    c: OptimConfig, grads: Params, opt_state: Any, params: Params, grad_norm: jax.Array, apply: jax.Array,
+    c: OptimConfig, schedule: optax.Schedule, grads: Params, opt_state: Any, params: Params, grad_norm: jax.Array,
+    apply: jax.Array,
 ) -> tuple[Params, Any]:
     """(new params, new optimizer state) of `make_optimizer(c)` for `grads` (module docstring).
 
-    opt_state: the state `make_optimizer(c).init` made; grad_norm: ||grads||_2 (the clip's norm);
+    schedule: `train.state.learning_rate_schedule(c)`; opt_state: the state `make_optimizer(c).init` made;
+    grad_norm: ||grads||_2 (the clip's norm);
     apply: bool scalar, False to return params and state unchanged. Equal to `tx.update` and
-    `optax.apply_updates` on the whole tree up to float rounding (tests/test_optimizer_step.py).
+    `optax.apply_updates` on the whole tree up to float rounding (tests/test_cpu_adamw.py).
     """
-    scale, decay_state, lr_state, clip_state, t, leaf = _adam(c, opt_state, grad_norm)
+    scale, decay_state, lr_state, clip_state, t, leaf = _adam(c, schedule, opt_state, grad_norm)
     count = scale.count
 
     def moments(mn: tuple[Params, Params], g: Params) -> tuple[Params, Params]:

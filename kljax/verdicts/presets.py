@@ -1,17 +1,17 @@
 """The KL configurations as ready presets, and `table_rows`: each preset's expected gradient under a
-run's aggregation, advantage and sampler staleness (`kljax.rl.describe`). `kljax kl-configs` prints it."""
+run's aggregation, advantage and sampler staleness (`kljax.verdicts.objective`). `kljax kl-configs` prints it."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from kljax.rl.audit import with_users
-from kljax.rl.describe import RunObjective, describe_objective
 from kljax.rl.kl import KLConfig
+from kljax.verdicts.audit import with_users
+from kljax.verdicts.objective import RunObjective, describe_objective
 
 _S = KLConfig
-# (preset, what it is); `kljax.rl.audit.with_users` appends the peer trainers' settings that give it,
-# translated from the peer defaults table (kljax.rl.audit_peers.PEERS), so the labels cannot drift from it.
+# (preset, what it is); `kljax.verdicts.audit.with_users` appends the peer trainers' settings that give it,
+# translated from the peer defaults table (kljax.verdicts.peers.PEERS), so the labels cannot drift from it.
 _NOTES: tuple[tuple[KLConfig, str], ...] = (
     (_S(placement="none"), "no KL regularization (baseline)"),
     (_S("k1", "reward"), "the paper's recommended default"),

@@ -1,4 +1,4 @@
-"""The transformer as a policy model (`kljax.models.policy_api`): teacher-forced response log-probs,
+"""The transformer as a policy model (`kljax.policies.protocol`): teacher-forced response log-probs,
 entropy and full-vocabulary KL from one forward pass, and the KV-cache sampler.
 
 Sequences are prompt + response, `tokens_bs` [B, S] with the response in the last R positions. The
@@ -14,6 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from kljax import sampling as sampling_lib
 from kljax.models import transformer as tfm
 from kljax.models.config import ModelConfig
 from kljax.rl.estimators import full_kl_from_logits
@@ -107,6 +108,4 @@ class TransformerPolicy:
 
     def sample(self, params: Any, prompt_tokens_bp: Any, prompt_mask_bp: Any, key: Array, sampling: Any,
                mesh: Any = None) -> Any:
-        from kljax import sampling as sampling_lib
-
         return sampling_lib.generate(params, self.model, prompt_tokens_bp, prompt_mask_bp, key, sampling, mesh=mesh)

@@ -1,5 +1,5 @@
 """Other trainers' KL settings as kljax objectives. The table of peer defaults is
-`kljax.rl.audit_peers.PEERS`; `translate(peer, settings)` fills the
+`kljax.verdicts.peers.PEERS`; `translate(peer, settings)` fills the
 peer's defaults in for missing keys and returns the equivalent `RunObjective` plus notes for
 whatever kljax maps only approximately. `users(config)` names the peer settings that give a KL
 configuration (the "who uses it" labels of `kljax kl-configs`).
@@ -12,10 +12,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kljax.errors import UserError
-from kljax.rl.audit_peers import VERL_ACTOR as _A
-from kljax.rl.audit_peers import canonical, settings_with_defaults, value_has_type
-from kljax.rl.describe import RunObjective
 from kljax.rl.kl import KLConfig
+from kljax.verdicts.objective import RunObjective
+from kljax.verdicts.peers import VERL_ACTOR as _A
+from kljax.verdicts.peers import canonical, settings_with_defaults, value_has_type
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kljax.models.transformer import positions_from_mask
 from kljax.rl.estimators import full_kl_from_logits
+from kljax.sampling import SampleResult
+from kljax.sampling.logits import sample_logits
 
 Array = jax.Array
 
@@ -111,10 +114,6 @@ class TabularPolicy:
 
 @functools.partial(jax.jit, static_argnums=(0, 5))
 def _sample(policy: TabularPolicy, params: Any, tokens_rp: Array, mask_rp: Array, key: Array, sampling: Any) -> Any:
-    from kljax.models.transformer import positions_from_mask
-    from kljax.sampling import SampleResult
-    from kljax.sampling.logits import sample_logits
-
     rows, r = tokens_rp.shape[0], policy.response_len
     prompt_r = tokens_rp[:, -1]
     stops = jnp.asarray(sampling.stop_token_ids or (-1,), jnp.int32)

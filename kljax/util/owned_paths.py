@@ -11,17 +11,19 @@
     single_component(name, what)  a name used as one path component ("a/b", "..", "" refused)
     claim_run_dir(workdir)        before a new run writes config.json, metrics.jsonl, samples.jsonl ...:
                                   refuse a directory where kljax did not write them
+    check_writable(path, what)    a read-only or forbidden place is a UserError naming `what`
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from kljax.errors import UserError
+from kljax.errors import REASONS, UserError
 
 MARKER = ".kljax-written"
 
@@ -86,13 +88,41 @@ RUN_FILES = ("config.json", "metrics.jsonl", "samples.jsonl", "eval_before.json"
 LEGACY_RUN = ("eval_before.json", "checkpoints")  # a run of a kljax before the marker
 
 
-def claim_run_dir(workdir: str | os.PathLike) -> None:
-    """Mark WORKDIR as a kljax run before a new run writes there; a UserError when it holds files a
-    run writes over (RUN_FILES) that kljax did not write (no MARKER, no earlier run's LEGACY_RUN)."""
+def check_claimable(workdir: str | os.PathLike) -> None:
+    """A UserError when WORKDIR holds files a new run writes over (RUN_FILES) that kljax did not write
+    (no MARKER, no earlier run's LEGACY_RUN)."""
     workdir = Path(workdir)
     clashing = [n for n in RUN_FILES if (workdir / n).exists() or (workdir / n).is_symlink()]
     if clashing and not is_marked(workdir, LEGACY_RUN):
         raise UserError(f"--workdir {workdir} holds {', '.join(clashing)} but no kljax run ({MARKER}): a new run "
                         "would overwrite them; give a new or empty directory")
+
+
+def claim_run_dir(workdir: str | os.PathLike) -> None:
+    """Mark WORKDIR as a kljax run before a new run writes there (`check_claimable` first)."""
+    workdir = Path(workdir)
+    check_claimable(workdir)
     if not (workdir / MARKER).is_file():
         mark(workdir, "kljax train run")
+
+
+def check_writable(path: str | os.PathLike, what: str) -> None:
+    """UserError when `path` could not be written: its nearest existing directory is on a read-only
+    file system or not writable (checked with access(2), which reports EROFS even for root)."""
+    target = Path(path)
+    directory = target if target.is_dir() else target.parent
+    while not directory.exists() and directory != directory.parent:
+        directory = directory.parent
+    if not directory.is_dir():
+        raise UserError(f"{what} {path}: {directory} is not a directory")
+    if os.access(directory, os.W_OK):
+        return
+    try:  # access() says no: ask the file system why
+        os.statvfs(directory)
+        read_only = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    code = errno.EROFS if read_only else errno.EACCES
+    reason, todo = REASONS[code]
+    raise UserError(f"{what} {path}: cannot write in {directory}: {reason} (errno {code}, "
+                    f"{errno.errorcode[code]}); {todo}")
