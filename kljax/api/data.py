@@ -44,12 +44,6 @@ class DataSource:
             return {"task.name": self.kinds[0], "task.path": self.paths[0]}
         return {"task.name": self.kinds[0], "task.path": f"train={self.paths[0]},test={self.paths[1]}"}
 
-    def has_column(self, name: str) -> bool:
-        if self.dataset is None:
-            return True  # a file's columns are checked when the run reads it
-        splits = self.dataset.values() if hasattr(self.dataset, "values") else [self.dataset]
-        return all(name in split.column_names for split in splits)
-
     def record(self, workdir: Path, resuming: bool) -> None:
         """Save the dataset object as WORKDIR/data: kept as it is when the run resumes, replaced only when
         an earlier attempt of this run wrote it (marked), never over a directory kljax did not write."""

@@ -43,12 +43,15 @@ from kljax.boundary.run import guarded_run
 from kljax.config.load import CONFIGS_DIR, load_run_config, with_fields
 from kljax.config.run import RunConfig
 from kljax.errors import UserError
+from kljax.models.lora import check_rank
 from kljax.parallel import distributed
+from kljax.tasks.from_config import task_of
 from kljax.tasks.reward_functions import function_name
 from kljax.train import trainer
 from kljax.train.export import EXPORT_DTYPES, EXPORT_FORMATS, export_run, is_run_workdir
 from kljax.train.metrics import read_jsonl
-from kljax.train.policy import Policy
+from kljax.train.policy import Policy, model_and_tokenizer
+from kljax.train.run_build import check_something_scores
 from kljax.train.tracking import check_installed
 from kljax.train.user_data import fit_prompt_len, restart_task_for_user_data
 
@@ -153,20 +156,13 @@ class RLTrainer:
         if self._data is not None:
             fields.update(self._data.fields(self.workdir))
         config, explicit = run_config(config, overrides, model, fields)
-        if self.reward_funcs == [] or (self.reward_funcs is None and not config.reward.functions):
-            self._check_task_can_score(config)
+        if self._data is not None and self._data.dataset is not None:  # the rows are known: say it now
+            check_something_scores(config)
         if self._model is None or self._model.run is None:
             check_model_source(config.model.source)
         check_installed(config.logging)  # a W&B / MLflow tracker that is not installed: one line, up front
         self.config, self.explicit = config, explicit
         self.result: TrainResult | None = None
-
-    def _check_task_can_score(self, config: RunConfig) -> None:
-        """No reward function on data without an answer column trains on reward 0: refuse, saying so."""
-        if self._data is not None and not config.task.answer_key and not self._data.has_column("answer"):
-            raise UserError("RLTrainer: no reward function (reward_funcs) and the data has no 'answer' column for "
-                            "the task's own check, so every reward would be 0; pass reward_funcs, or name the "
-                            "answer column with config={'task.answer_key': 'COLUMN'}")
 
     def train(self, stop_after: int | None = None) -> TrainResult:
         """Run (or resume) training; the trained policy, its metrics and the evaluations before/after."""
@@ -176,6 +172,8 @@ class RLTrainer:
         workdir = self.workdir
         resuming = bool(self.resume) and (workdir / "checkpoints").is_dir()
         trainer.check_workdir_for_run(workdir, self.resume)
+        if self.config.model.lora.rank and (self._model is None or self._model.run is None):
+            check_rank(model_and_tokenizer(self.config.model, task_of(self.config))[0])  # before a file is written
 
         def run(observers: Sequence[Any]) -> dict[str, Any]:
             config = self.config

@@ -7,6 +7,8 @@
 While the guard is active:
 - `os._exit(n)` raises `ExitCalled` instead of ending the process (a BaseException, so the function's
   own `except Exception` does not swallow it); `problem` says "called os._exit(n)".
+- a thread the function starts is a daemon (it cannot keep the process alive once the run ends), and
+  a child the function forks ends when the function returns in it (it does not run the loop too).
 - the standard streams (fds 0-2) are duplicated first, to descriptor numbers just under the
   RLIMIT_NOFILE limit (out of reach of a `closerange(0, 4096)` where the limit is higher); one the
   function closed is restored after it (so the run can still print its error), and a descriptor the
@@ -38,15 +40,9 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from kljax.util.user_code import ExitCalled
+
 _FD_DIR = Path("/proc/self/fd")
-
-
-class ExitCalled(BaseException):  # noqa: N818 - not an error of ours: the function asked to exit
-    """Raised by the guard's `os._exit` in place of ending the process."""
-
-    def __init__(self, code: int):
-        super().__init__(code)
-        self.code = code
 
 
 class Guard:
@@ -148,6 +144,14 @@ def in_process_guard(who: str = "a reward function", active: bool = True) -> Ite
         raise ExitCalled(code)
 
     os._exit = refuse_exit
+    pid, real_start = os.getpid(), threading.Thread.start
+
+    def daemon_start(thread: threading.Thread) -> None:  # a thread the function leaves cannot hold the exit
+        if not thread.is_alive():
+            thread.daemon = True
+        real_start(thread)
+
+    threading.Thread.start = daemon_start  # type: ignore[method-assign]
     report_fd = None if had_faulthandler else _crash_report_fd()
     if report_fd is not None:
         try:
@@ -161,6 +165,9 @@ def in_process_guard(who: str = "a reward function", active: bool = True) -> Ite
         guard.problem = f"called os._exit({e.code})"
     finally:
         os._exit = real_exit
+        threading.Thread.start = real_start  # type: ignore[method-assign]
+        if os.getpid() != pid:  # the function forked and this is the child: it must not run the loop too
+            real_exit(0)
         if report_fd is not None:
             faulthandler.disable()
         closed = sorted(fd for fd in (held | set(saved)) - set(saved.values()) if not _is_open(fd))

@@ -191,7 +191,6 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         written += report.write_outputs(result, args.out)
         if not args.no_plots and config.get("plots", True):
-
             written += plots.save_all(result, args.out)
     if args.json:
         written.append(report.write_json(report.json_entries(result), args.json))

@@ -105,7 +105,6 @@ def _significant(array, digits: int = 4) -> list:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
         raise UserError(f"--out {args.out} is an existing file; give a directory")
     if args.json and Path(args.json).is_dir():

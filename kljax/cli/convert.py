@@ -11,6 +11,7 @@ Without --model, the embedded SmolLM2-135M-Instruct is used.
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from kljax.errors import UserError
@@ -27,12 +28,14 @@ from kljax.models.hf_tokenizer import load_hf_tokenizer
 from kljax.models.orbax_params import is_orbax_model, load_orbax_model, save_orbax_model
 from kljax.studies.parity import DEFAULT_PROMPTS, compare_with_transformers, has_tokenizer, prompt_token_ids
 from kljax.train.export import is_run_workdir, workdir_hint
+from kljax.util.owned_paths import check_output, mark, remove_marked
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="HF checkpoint dir (or, with --export, a kljax orbax dir); "
                         "default: the embedded SmolLM2-135M-Instruct")
-    parser.add_argument("--out", help="output directory")
+    parser.add_argument("--out", help="output directory (new or empty; --overwrite replaces an earlier kljax output)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an --out that kljax wrote before")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--export", action="store_true", help="kljax orbax dir -> HF safetensors dir")
     mode.add_argument("--check", action="store_true", help="compare logits with transformers (float32)")
@@ -44,11 +47,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import math
-
-
     if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
-
         raise UserError(f"--tolerance={args.tolerance:g} must be a finite number >= 0 (the largest allowed "
                         "|logit difference| of --check)")
     if args.default_model:
@@ -57,10 +56,8 @@ def run(args: argparse.Namespace) -> int:
     model_dir = args.model or str(default_model_dir())
 
     if is_run_workdir(model_dir):
-
         raise UserError(workdir_hint(model_dir))
     if args.check:
-
         check_hf_dir(model_dir)
         if has_tokenizer(model_dir):
             load_hf_tokenizer(model_dir)
@@ -73,30 +70,34 @@ def run(args: argparse.Namespace) -> int:
         print(f"max_abs_diff={worst:.6e}")
         return 0 if worst <= args.tolerance else 1
 
-    if not args.out:
+    if args.out is None:
         raise UserError("--out is required to convert or export")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} is an existing file; give a new directory")
+    # the one rule of every writer: not the model it reads, nothing kljax did not write
+    out = check_output(args.out, "--out", overwrite=args.overwrite, directory=True, reads=[model_dir],
+                       read_what="the model it reads")
     if args.export:
-
         if not is_orbax_model(model_dir):
             raise UserError(f"--export --model {model_dir} is not a kljax orbax model dir (params/ + config.json)")
-        if out.is_dir() and any(out.iterdir()):
-            raise UserError(f"--out {out} exists and is not empty; give a new directory")
         model_config_from_dir(model_dir, param_dtype=args.param_dtype)
         params, config = load_orbax_model(model_dir, param_dtype=args.param_dtype)
         hf_config = read_hf_config(model_dir)
-        out = export_hf(params, config, args.out, hf_config=hf_config, tokenizer_dir=model_dir)
-        print(out)
+        _clear(out)
+        written = export_hf(params, config, out, hf_config=hf_config, tokenizer_dir=model_dir)
+        mark(written, "kljax convert --export")
+        print(written)
         return 0
-
-    if (out / "params").exists():
-        raise UserError(f"--out {out} already holds params/; give a new directory")
     config = check_hf_dir(model_dir, param_dtype=args.param_dtype)
     if has_tokenizer(model_dir):
         check_vocab(config, len(load_hf_tokenizer(model_dir)))
     params, config = load_hf_checkpoint(model_dir, param_dtype=args.param_dtype)
-    out = save_orbax_model(args.out, params, read_hf_config(model_dir), tokenizer_dir=model_dir)
-    print(out)
+    _clear(out)
+    written = save_orbax_model(out, params, read_hf_config(model_dir), tokenizer_dir=model_dir)
+    mark(written, "kljax convert")
+    print(written)
     return 0
+
+
+def _clear(out: Path) -> None:
+    """Remove an earlier kljax output at `out` (checked by `check_output`: only one kljax marked)."""
+    if out.is_dir() and any(out.iterdir()):
+        remove_marked(out, "--out")

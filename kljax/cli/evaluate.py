@@ -27,7 +27,7 @@ from kljax.studies.eval_tasks import splits_for
 from kljax.train.restore import load_model, make_mesh, restore_params, run_config_of
 from kljax.train.run_build import enable_compilation_cache
 from kljax.train.run_logs import dumps
-from kljax.util.owned_paths import check_apart, check_writable
+from kljax.util.owned_paths import WRITTEN_BY, check_output, check_writable
 
 ACCEPTS_CONFIG_OVERRIDES = True
 
@@ -64,6 +64,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-format", choices=["chat", "plain", "raw"], default=None)
     parser.add_argument("--seed", type=int, default=None, help="examples and sampling seed (default config.seed)")
     parser.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON here")
+    parser.add_argument("--overwrite", action="store_true", help="replace a --json file that kljax did not write")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -77,10 +78,9 @@ def _base_config(args: argparse.Namespace) -> RunConfig:
 def run(args: argparse.Namespace) -> int:
     if args.json and Path(args.json).is_dir():
         raise UserError(f"--json {args.json} is a directory; give a file path")
-    if args.json:
-        check_writable(args.json, "--json")  # before the evaluation, not after it
-        if args.checkpoint:
-            check_apart(args.json, args.checkpoint, "--json", "the run")  # never over the run it reads
+    if args.json:  # before the evaluation, not after it: never over the run it reads, nor a user's file
+        check_output(args.json, "--json", overwrite=args.overwrite, reads=[args.checkpoint] if args.checkpoint else [])
+        check_writable(args.json, "--json")
     enable_compilation_cache()
     overrides = list(getattr(args, "overrides", []))
     if args.checkpoint:
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     summary = ev.summarize(results)
     if args.json:
         used = {**dataclasses.asdict(settings), "n_samples": settings.samples}
-        payload = {**source, "settings": used, "summary": summary, "results": results}
+        payload = {WRITTEN_BY: "kljax eval", **source, "settings": used, "summary": summary, "results": results}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         try:
             Path(args.json).write_text(dumps(payload, indent=2))  # strict JSON: null, never NaN

@@ -30,7 +30,8 @@ from kljax.train.rollout import prompt_texts
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", help="HF checkpoint or kljax orbax dir (default: embedded SmolLM2)")
+    parser.add_argument("--model", help="HF checkpoint or kljax orbax dir, or 'default' (the embedded SmolLM2, "
+                                        "the default)")
     parser.add_argument("--checkpoint", metavar="WORKDIR",
                         help="a `kljax train` workdir: its checkpoint, prompted as the run was")
     parser.add_argument("--step", type=int, default=None, help="with --checkpoint: this step instead of the latest")
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         if args.model:
             raise UserError("give --model or --checkpoint, not both")
         return run_checkpoint(args)
-    model_dir = args.model or str(default_model_dir())
+    model_dir = str(default_model_dir()) if args.model in (None, "default") else args.model
     if is_run_workdir(model_dir):
         raise UserError(workdir_hint(model_dir))
     orbax = is_orbax_model(model_dir)
@@ -70,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         ]
     else:
         prompts = [tokenizer.encode(p) for p in args.prompt]
+    _check_room(args.max_new_tokens, config.max_position_embeddings)
     for i, ids in enumerate(prompts):
         if not ids:
             raise UserError(f"--prompt number {i + 1} ({args.prompt[i]!r}) encodes to no tokens")
@@ -114,6 +116,7 @@ def run_checkpoint(args: argparse.Namespace) -> int:
     """Print the greedy completion of each --prompt by WORKDIR's checkpoint (--step, default latest)."""
     params, policy, config, step = restore_params(args.checkpoint, args.step)
     texts = prompt_texts_for(config, policy.tokenizer, list(args.prompt))
+    _check_room(args.max_new_tokens, policy.model.max_position_embeddings)
     ids = []
     for i, text in enumerate(texts):
         toks = list(policy.tokenizer.encode(text, add_special_tokens=False))
@@ -129,3 +132,10 @@ def run_checkpoint(args: argparse.Namespace) -> int:
             print(f"--- {i}")
         print(policy.tokenizer.decode(list(out), skip_special_tokens=True))
     return 0
+
+
+def _check_room(max_new_tokens: int, context: int) -> None:
+    """--max-new-tokens must leave the prompt at least one position of the model's context."""
+    if max_new_tokens >= context:
+        raise UserError(f"--max-new-tokens={max_new_tokens} leaves no room for a prompt in the model's context of "
+                        f"{context} tokens; give at most {context - 1}")

@@ -23,7 +23,7 @@ import jax
 from kljax.config.load import load_run_config
 from kljax.errors import UserError
 from kljax.parallel.distributed import parse_mesh
-from kljax.studies.plan import check_plan, format_plan, make_plan, parse_chip, plan_json
+from kljax.studies.plan import check_plan, format_plan, make_plan, parse_chip, plan_json, resolve_model
 from kljax.util.self_command import kljax_argv
 from kljax.util.threads import without_forced_devices
 
@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
     if args.model:
         overrides.append(f"--config.model.source={args.model}")
     config = load_run_config(args.config, overrides)
+    resolve_model(config.model)  # an unknown model is named before the mesh is checked against it
     shape, devices, chip = _resolve(args, config)
     check_plan(config, shape, devices)  # fail before compiling (or starting a child process)
     if not _have_devices(devices):

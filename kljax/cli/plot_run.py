@@ -9,6 +9,7 @@ from pathlib import Path
 from kljax.boundary.disk_faults import disk_fault_message
 from kljax.errors import UserError, read_json
 from kljax.train.metrics import read_jsonl
+from kljax.util.owned_paths import check_output
 
 DEFAULT_KEYS = ("exact/gap", "exact/J", "exact/kl_opt",  # tasks with an exact optimum (toy_optimum) only
                 "reward", "accuracy", "kl_seq", "beta", "k3", "entropy", "grad_norm", "response_length",
@@ -16,15 +17,16 @@ DEFAULT_KEYS = ("exact/gap", "exact/J", "exact/kl_opt",  # tasks with an exact o
 EVAL_PANEL = "eval (greedy accuracy)"
 
 
-def plot_run(workdir: str | Path, keys: tuple[str, ...] = DEFAULT_KEYS, out: str | Path | None = None) -> Path:
+def plot_run(workdir: str | Path, keys: tuple[str, ...] = DEFAULT_KEYS, out: str | Path | None = None,
+             overwrite: bool = False) -> Path:
     """Draw each metric against the step, and the evaluations during the run (config.eval_every, with
     eval_before/eval_after.json at the ends) as points; the title names the KL configuration and beta
-    (WORKDIR/config.json). Returns the PNG path (default WORKDIR/curves.png)."""
+    (WORKDIR/config.json). Returns the PNG path (default WORKDIR/curves.png); a PNG kljax did not write
+    is replaced only with `overwrite` (`owned_paths.check_output`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
 
     workdir = Path(workdir)
     rows = read_jsonl(workdir / "metrics.jsonl")
@@ -57,9 +59,9 @@ def plot_run(workdir: str | Path, keys: tuple[str, ...] = DEFAULT_KEYS, out: str
         ax.axis("off")
     fig.suptitle(f"{workdir}\n{run_title(workdir)}", fontsize=10)
     fig.tight_layout()
-    out = output_path(workdir, out)
+    out = check_output(output_path(workdir, out), "--out", overwrite=overwrite)
     try:
-        fig.savefig(out, dpi=100, format="png")
+        fig.savefig(out, dpi=100, format="png", metadata={"Software": "kljax plot-run"})
     except OSError as e:  # a full or read-only disk: name the file (a failed write() names none)
 
         message = disk_fault_message(e, str(out))
@@ -138,9 +140,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None,
                         help="PNG path, or a directory for DIR/curves.png (default WORKDIR/curves.png)")
     parser.add_argument("--keys", default=",".join(DEFAULT_KEYS), help="comma-separated metric names")
+    parser.add_argument("--overwrite", action="store_true", help="replace an --out PNG that kljax did not write")
 
 
 def run(args: argparse.Namespace) -> int:
-    path = plot_run(args.workdir, tuple(k for k in args.keys.split(",") if k), args.out)
+    path = plot_run(args.workdir, tuple(k for k in args.keys.split(",") if k), args.out, args.overwrite)
     print(path)
     return 0

@@ -27,7 +27,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-
     if args.parallel < 0:
         print(f"kljax sweep: error: --parallel={args.parallel} must be >= 0 (0: one run after another)",
               file=sys.stderr)

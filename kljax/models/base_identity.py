@@ -53,7 +53,6 @@ def base_identity(source: str, params: Any = None) -> dict[str, Any]:
             raise ValueError("base_identity: the tiny model is identified by its parameters; pass them")
         return {"source": source, "path": None, "sha256": _hash_arrays(params)}
     if source == "default":
-
         path = Path(default_model_dir())
     else:
         path = Path(source)

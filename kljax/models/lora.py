@@ -46,6 +46,7 @@ from jax.sharding import PartitionSpec
 
 from kljax.config.sections import LORA_TARGETS as TARGETS
 from kljax.config.sections import LoraConfig
+from kljax.errors import UserError
 from kljax.models.config import ModelConfig
 from kljax.models.layers import project as base_project
 
@@ -86,6 +87,20 @@ def _table(config: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str | 
         out[f"{t}_lora_a"] = ((n, *in_shape, r), ("layers", *in_axes, None))
         out[f"{t}_lora_b"] = ((n, r, *out_shape), ("layers", None, *out_axes))
     return out
+
+
+def check_rank(config: ModelConfig) -> None:
+    """A UserError when model.lora.rank exceeds a target's input or output width: a rank above
+    min(in, out) adds parameters and no expressiveness (and a huge one exhausts memory)."""
+    if config.lora is None:
+        return
+    for t in config.lora.targets:
+        in_shape, _, out_shape, _ = target_axes(config, t)
+        limit = min(math.prod(in_shape), math.prod(out_shape))
+        if config.lora.rank > limit:
+            raise UserError(f"model.lora.rank={config.lora.rank} exceeds the {t} projection's width: its input and "
+                            f"output have {math.prod(in_shape)} and {math.prod(out_shape)} features; choose a rank "
+                            f"<= {limit}")
 
 
 def _require(config: ModelConfig) -> LoraConfig:

@@ -340,7 +340,6 @@ def step_weights(params: Params, config: ModelConfig, mesh: Mesh | None) -> Any:
     if not config.cpu_kernels:
         return params
     if config.lora is not None:
-
         params = merge(params, config)
     return decode_weights(params, config, fuse=mesh is None and FUSE_WEIGHTS)
 

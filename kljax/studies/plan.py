@@ -238,6 +238,7 @@ def check_plan(config: RunConfig, mesh_shape: tuple[int, int, int],
     """Resolve the model without weights and check the mesh against the devices, batch and heads:
     (config, model config, model name, resolved mesh shape). Cheap; nothing compiles."""
     model, name = resolve_model(config.model)
+    lora.check_rank(model)
     return config, model, name, check_mesh(mesh_shape, num_devices, config.rl, model)
 
 

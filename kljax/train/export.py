@@ -26,7 +26,7 @@ from kljax.models.default import default_model_dir
 from kljax.models.lora import merge
 from kljax.models.peft_export import write_peft_adapter
 from kljax.train.restore import restore_params
-from kljax.util.owned_paths import check_apart, check_writable, is_marked, mark, remove_marked
+from kljax.util.owned_paths import check_apart, check_output, check_writable, mark, remove_marked
 
 EXPORT_RECORD = "kljax_export.json"  # the run and step an export came from; also marks it as written by export
 EXPORT_FORMATS = ("merged", "peft")
@@ -59,20 +59,10 @@ def char_tokenizer_files(tokenizer: Any, out_dir: str | Path) -> Path:
 
 
 def _check_out(workdir: str | Path, out: Path, overwrite: bool) -> Path:
-    """The resolved --out (symbolic links followed) after the checks that keep the run and anything
-    kljax did not write safe: not the run, not inside it, not containing it; a non-empty one only with
-    --overwrite and when an earlier export wrote it (`kljax.util.owned_paths`)."""
+    """The resolved --out (symbolic links followed), checked by the one rule of every writer
+    (`owned_paths.check_output`): apart from the run, and replacing only an earlier export."""
     check_apart(out, workdir, "--out", "the run")
-    real = out.resolve()
-    if real.exists() and not real.is_dir():
-        raise UserError(f"--out {out} is a file; give a directory")
-    if real.is_dir() and any(real.iterdir()):
-        if not overwrite:
-            raise UserError(f"--out {out} exists and is not empty; pass --overwrite to replace it")
-        if not is_marked(real, legacy=(EXPORT_RECORD,)):
-            raise UserError(f"--out {out} is not empty and holds no {EXPORT_RECORD}: `kljax export` did not write "
-                            "it, so --overwrite does not delete it; remove it yourself or give a new directory")
-    return real
+    return check_output(out.resolve(), "--out", overwrite=overwrite, directory=True, legacy=(EXPORT_RECORD,))
 
 
 def _export(params: Any, model: Any, out: Path, fmt: str, hf_config: Any, dtype: str | None, tokenizer_dir: Any,
@@ -95,6 +85,8 @@ def export_run(workdir: str | Path, out: str | Path, step: int | None = None, dt
 
     Written into a new directory next to `out` and renamed into place, so an existing export is
     replaced only once the new one is complete, and only when `_check_out` allows it."""
+    if not str(out).strip():  # Path("") would be the working directory
+        raise UserError("--out '' is empty; give a directory path for the Hugging Face checkpoint")
     real = _check_out(workdir, Path(out), overwrite)
     check_writable(real, "--out")  # a read-only or forbidden place: one line naming --out, before reading the run
     params, policy, config, step = restore_params(workdir, step, overrides=overrides or ())

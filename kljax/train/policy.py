@@ -114,3 +114,22 @@ def load_policy(section: ModelSection, mesh: Any, seed: int = 0, task: Any = Non
         stop.add(int(tokenizer.eos_token_id))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop) if stop else 0
     return Policy(model, params, shardings, tokenizer, tuple(sorted(stop)), int(pad))
+
+
+class _Known(Exception):
+    """Raised by `model_and_tokenizer`'s hook: the model config and tokenizer are known, no weight is needed."""
+
+
+def model_and_tokenizer(section: ModelSection, task: Any = None) -> tuple[Any, Any]:
+    """The model config and tokenizer `load_policy` would load (no weight read, nothing placed on a device)."""
+    found: list[Any] = []
+
+    def stop(model: Any, tokenizer: Any) -> None:
+        found.extend((model, tokenizer))
+        raise _Known
+
+    try:
+        load_policy(section, None, task=task, before_weights=stop)
+    except _Known:
+        pass
+    return found[0], found[1]

@@ -20,6 +20,7 @@ import jax
 
 from kljax.config.rl import check_rl_against_model
 from kljax.config.run import RunConfig
+from kljax.errors import UserError
 from kljax.models import lora
 from kljax.models.base_identity import base_identity
 from kljax.models.config import ModelConfig
@@ -28,6 +29,7 @@ from kljax.parallel import distributed
 from kljax.parallel import sharding as shd
 from kljax.policies.protocol import frozen_copy
 from kljax.tasks.base import Task
+from kljax.tasks.files import FORMATS as FILE_FORMATS
 from kljax.tasks.from_config import check_prompts, eval_split_names, task_of
 from kljax.train import state as st
 from kljax.train.memory_check import check_train_fits
@@ -71,6 +73,17 @@ class Run:
 
     def place(self, batch: Any) -> Any:
         return jax.device_put(batch, batch_shardings(batch, self.mesh))
+
+
+def check_something_scores(config: RunConfig) -> None:
+    """The user's data with no reward function, no reward model and no answer column for the task's own
+    check would train on reward 0 at every step: a UserError saying what to give instead."""
+    if config.task.name in FILE_FORMATS and not (config.reward.functions or config.reward.model
+                                                  or config.task.answer_key):
+        raise UserError("no reward function (reward_funcs, or reward.functions) and no answer column "
+                        "(task.answer_key) for the task's own check, so every reward would be 0; pass reward "
+                        "functions, or name the answer column (config={'task.answer_key': 'COLUMN'}, or "
+                        "--config.task.answer_key=COLUMN)")
 
 
 def enable_compilation_cache() -> None:
@@ -120,6 +133,8 @@ def build(config: RunConfig, functions: Sequence[Any] | None = None,
     def before_weights(model: Any, tokenizer: Any) -> None:  # the data and sizes, before anything compiles
         transformer = isinstance(model, ModelConfig)
         distributed.check_mesh(mesh_shape, jax.device_count(), rl, model if transformer else None)
+        if transformer:
+            lora.check_rank(model)  # before an adapter is made
         max_positions = model.max_position_embeddings if transformer else rl.max_prompt_len + rl.max_new_tokens
         check_rl_against_model(rl, max_positions, num_shards)
         dropped = check_prompts(task, config.task, rl, tokenizer, context=max_positions)  # every file row
@@ -128,6 +143,8 @@ def build(config: RunConfig, functions: Sequence[Any] | None = None,
                   + ", ".join(f"{n} of split {s!r}" for s, n in dropped.items() if n), flush=True)
         check_train_fits(model, rl)  # a lower bound on the memory, against what the machine has
         run_stops(rl.stop, tokenizer, model)  # rl.stop: an id past the vocabulary, a string no token writes
+        if rewards is None:
+            check_something_scores(config)  # after the data's own checks, which name a bad file or row first
 
     policy = load_policy(config.model, mesh, seed=config.seed, task=task, before_weights=before_weights)
     transformer = isinstance(policy.model, ModelConfig)

@@ -117,6 +117,15 @@ def truncate_jsonl(path: str | os.PathLike, step: int) -> str | None:
             raise UserError(f"{path}: line {i + 1} is not a JSON object ({e}); fix or delete that line") from None
         if not isinstance(row.get("step", 0), (int, float)) or row.get("step", 0) <= step:
             keep.append(line)
+    if path.name == "metrics.jsonl":  # one row per step: say which rows of the kept steps are gone
+        have = {json.loads(line).get("step") for line in keep}
+        lost = [s for s in range(1, step + 1) if s not in have]
+        if lost:
+            shown = f"{lost[0]}-{lost[-1]}" if lost == list(range(lost[0], lost[-1] + 1)) and len(lost) > 2 else \
+                ", ".join(map(str, lost))
+            note = (f"{path} lacks the rows of step(s) {shown} (emptied or cut after they were checkpointed): "
+                    f"they cannot be rebuilt; the run continues from step {step + 1}"
+                    + (f" ({note})" if note else ""))
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
     os.replace(tmp, path)

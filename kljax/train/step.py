@@ -165,7 +165,6 @@ def _loss_fn(params: Any, mb: Batch, denominator: Array, s: StepSettings, ref_pa
     policy is their combination, the reference the base alone."""
     mb = _constrain(mb)
     if trains_adapters(s.model):
-
         params = lora.combine(jax.lax.stop_gradient(ref_params), params)
     r = mb.response_mask_br.shape[1]
     full = s.kl.estimator == "full" and s.kl.placement != "none"

@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -51,14 +52,32 @@ def _installed(package: str) -> bool:
 
 
 def check_installed(logging: LoggingSection) -> tuple[str, ...]:
-    """The trackers logging.report_to names; a W&B or MLflow one that is not installed is a UserError
-    naming the extra to install. (TensorBoard is optional: `open_trackers` notes its absence.)"""
+    """The trackers logging.report_to names; a W&B or MLflow one that is not installed, or MLflow
+    without a tracking store it can write, is a UserError saying what to do, before anything loads.
+    (TensorBoard is optional: `open_trackers` notes its absence.)"""
     names = logging.reporters
     for name in names:
         if name in INSTALL and not _installed(PACKAGES[name]):
             raise UserError(f"logging.report_to names {name!r}, which is not installed: {INSTALL[name]}, "
                             "or leave it out of logging.report_to")
+    if "mlflow" in names:
+        _check_mlflow_store(os.environ.get("MLFLOW_TRACKING_URI", ""))
     return names
+
+
+def _check_mlflow_store(uri: str) -> None:
+    todo = ("set MLFLOW_TRACKING_URI to a tracking server (http://HOST:PORT) or a local store (file:./mlruns with "
+            "MLFLOW_ALLOW_FILE_STORE=true), or leave mlflow out of logging.report_to")
+    if not uri:
+        raise UserError(f"logging.report_to names 'mlflow' but MLFLOW_TRACKING_URI is not set (MLflow would make a "
+                        f"database in the working directory); {todo}")
+    scheme = uri.split(":", 1)[0].lower() if ":" in uri else "file"
+    if scheme == "file" and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("1", "true", "yes"):
+        raise UserError(f"MLFLOW_TRACKING_URI={uri!r} is a file store, which MLflow refuses unless "
+                        f"MLFLOW_ALLOW_FILE_STORE=true; {todo}")
+    if scheme in ("sqlite", "postgresql", "mysql", "mssql") and not _installed("sqlalchemy"):
+        raise UserError(f"MLFLOW_TRACKING_URI={uri!r} is a database store, which needs SQLAlchemy (pip install "
+                        f"mlflow instead of mlflow-skinny); {todo}")
 
 
 class TensorBoardTracker:
@@ -157,7 +176,12 @@ def open_trackers(config: RunConfig, workdir: str | Path, resume: bool) -> list[
         elif tracker == "wandb":
             trackers.append(WandbTracker(workdir, project, name, values, ids.get("wandb")))
         else:
-            trackers.append(MlflowTracker(project, name, values, ids.get("mlflow")))
+            try:
+                trackers.append(MlflowTracker(project, name, values, ids.get("mlflow")))
+            except Exception as e:  # noqa: BLE001 - MLflow's own errors of its store: one line naming it
+                uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+                raise UserError(f"MLflow could not start a run in MLFLOW_TRACKING_URI={uri!r}: "
+                                f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
     new_ids = {t.name: t.run_id for t in trackers if hasattr(t, "run_id")}
     if new_ids:
         ids_path.write_text(json.dumps({**ids, **new_ids}, indent=2) + "\n")

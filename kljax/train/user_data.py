@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Any
 
 from kljax.config.run import RunConfig
 from kljax.tasks.files import FORMATS
 from kljax.tasks.from_config import task_of
 from kljax.tasks.prompting import prompt_texts
-from kljax.train.policy import load_policy
+from kljax.train.policy import model_and_tokenizer
 
 
 def restart_task_for_user_data(config: RunConfig, builtin_task: str, explicit: set[str]) -> RunConfig:
@@ -46,25 +45,6 @@ def restart_task_for_user_data(config: RunConfig, builtin_task: str, explicit: s
     return config.replace(task=dataclasses.replace(config.task, **task), rl=dataclasses.replace(config.rl, **rl))
 
 
-class _Known(Exception):
-    """Raised by `_model_and_tokenizer`'s hook: the model config and tokenizer are known, no weight is needed."""
-
-
-def _model_and_tokenizer(config: RunConfig, task: Any) -> tuple[Any, Any]:
-    """The model config and tokenizer a run would load (no weight read, nothing placed on a device)."""
-    found: list[Any] = []
-
-    def stop(model: Any, tokenizer: Any) -> None:
-        found.extend((model, tokenizer))
-        raise _Known
-
-    try:
-        load_policy(config.model, None, task=task, before_weights=stop)
-    except _Known:
-        pass
-    return found[0], found[1]
-
-
 def auto_prompt_len(config: RunConfig, explicit: set[str]) -> int | None:
     """rl.max_prompt_len for the user's data when it is left at the default: the longest prompt after
     templating, at most the model's context minus rl.max_new_tokens; None when that does not apply (a
@@ -74,7 +54,7 @@ def auto_prompt_len(config: RunConfig, explicit: set[str]) -> int | None:
             or config.rl.max_prompt_len != RunConfig().rl.max_prompt_len):
         return None
     task = task_of(config)
-    model, tokenizer = _model_and_tokenizer(config, task)
+    model, tokenizer = model_and_tokenizer(config.model, task)
     try:
         longest = max(len(tokenizer.encode(text, add_special_tokens=False)) for split in task.splits
                       for text in prompt_texts(task.examples(split), task, tokenizer, config.task.prompt_format))

@@ -12,6 +12,8 @@
     claim_run_dir(workdir)        before a new run writes config.json, metrics.jsonl, samples.jsonl ...:
                                   refuse a directory where kljax did not write them
     check_writable(path, what)    a read-only or forbidden place is a UserError naming `what`
+    check_output(path, what, ...) the one rule of every writer: never a file of the run it reads,
+                                  never over a file or directory kljax did not write unless told
 """
 
 from __future__ import annotations
@@ -126,3 +128,54 @@ def check_writable(path: str | os.PathLike, what: str) -> None:
     reason, todo = REASONS[code]
     raise UserError(f"{what} {path}: cannot write in {directory}: {reason} (errno {code}, "
                     f"{errno.errorcode[code]}); {todo}")
+
+
+WRITTEN_BY = "written_by"  # the key of a JSON file kljax writes, and the text chunk of its PNGs
+
+
+def written_by_kljax(path: str | os.PathLike) -> bool:
+    """Whether the file at `path` is one kljax wrote: a JSON object with "written_by": "kljax ...", or
+    a PNG whose Software text chunk says kljax (a directory: `is_marked`)."""
+    path = Path(path)
+    if path.is_symlink() or not path.is_file():
+        return is_marked(path)
+    try:
+        head = path.read_bytes()[:4096] if path.suffix.lower() == ".png" else path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return False
+    if isinstance(head, bytes):
+        return b"tEXtSoftware\x00kljax" in head
+    try:
+        data = json.loads(head)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(data, dict) and str(data.get(WRITTEN_BY, "")).startswith("kljax")
+
+
+def check_output(path: str | os.PathLike, what: str, *, overwrite: bool = False, directory: bool = False,
+                 reads: Iterable[str | os.PathLike] = (), legacy: Iterable[str] = (),
+                 read_what: str = "the run") -> Path:
+    """The one rule of every writer (eval --json, plot-run --out, convert --out, export --out,
+    save_pretrained): `path` (named `what` in errors) is not empty, is apart from every run in `reads`
+    (`check_apart`), and replaces nothing kljax did not write unless `overwrite`; a directory kljax
+    did not write is never replaced (a user's directory is not deleted on a flag). Returns the path."""
+    if not str(path).strip():
+        raise UserError(f"{what} '' is empty; give a {'directory' if directory else 'file'} path")
+    path = Path(path)
+    for run in reads:
+        check_apart(path, run, what, read_what)
+    if directory:
+        if path.exists() and not path.is_dir():
+            raise UserError(f"{what} {path} is a file; give a directory")
+        if path.is_dir() and any(path.iterdir()):
+            if not is_marked(path, legacy):
+                raise UserError(f"{what} {path} is not empty and kljax did not write it (no {MARKER}): it is "
+                                "not replaced, --overwrite or not; give a new or empty directory")
+            if not overwrite:
+                raise UserError(f"{what} {path} holds an earlier kljax output; pass --overwrite to replace it")
+        return path
+    if path.is_dir():
+        raise UserError(f"{what} {path} is a directory; give a file path")
+    if path.exists() and not overwrite and not written_by_kljax(path):
+        raise UserError(f"{what} {path} exists and kljax did not write it; pass --overwrite to replace it")
+    return path
