@@ -211,6 +211,23 @@ class CompileTimer:
         return sum(self._seconds[mark:])
 
 
+def torch_matmul_gflops(dtype: str, threads: int, size: int = 512, repeats: int = 3) -> float:
+    """PyTorch's [size, size] @ [size, size] matmul throughput in `dtype` on `threads` threads, GFLOP/s
+    (the best of `repeats`): a CPU without native bfloat16 (AVX2 only) runs torch's bfloat16 GEMM
+    through a slow fallback, tens of times below its float32 one."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = (torch.randn(size, size).to(getattr(torch, dtype)) for _ in range(2))
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * size**3 / best / 1e9
+
+
 def measure_matmul_peak(dtype: str = "float32", size: int | None = None, repeats: int = 5, inner: int | None = None
                         ) -> dict[str, Any]:
     """Measured matmul throughput in GFLOP/s: a jitted [size, size] @ [size, size] jnp.dot.

@@ -60,6 +60,7 @@ tokens, compile time), `settings`, `machine`, `versions`.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -114,6 +115,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lora-alpha", type=float, default=16.0, help="LoRA alpha (scale alpha / rank), both sides")
     parser.add_argument("--lora-targets", default="q,k,v,o,gate,up,down",
                         help="LoRA targets, comma-separated (kljax names; TRL gets q_proj, ..., down_proj)")
+    parser.add_argument("--force-peer", action="store_true",
+                        help="run TRL's side in bfloat16 even where torch's bfloat16 matmul is far slower than its "
+                        "float32 one (a CPU without native bfloat16), which can take hours")
     common.add_run_flags(parser)
 
 
@@ -168,9 +172,14 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="kljax-bench-rl-") as tmp:
         settings["model_dir"] = str(_materialize_model(settings, Path(tmp)))
         sides = {"kljax": _run_child("kljax", settings, Path(tmp))}
-        if not args.no_peer:
+        skipped = None if args.no_peer or args.force_peer else slow_peer_reason(settings)
+        if skipped:
+            print(f"kljax bench rl: the TRL side is skipped: {skipped}", file=sys.stderr, flush=True)
+        elif not args.no_peer:
             sides["peer"] = _run_child("peer", settings, Path(tmp))
     summary = summarize(sides, settings)
+    if skipped:
+        summary["peer_skipped"] = skipped
     summary["machine"] = {
         "cpu_count": os.cpu_count(), "cpus_used": settings["cpus"], "platform": platform.platform(),
         "python": platform.python_version(), "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
@@ -180,6 +189,24 @@ def run(args: argparse.Namespace) -> int:
     print_table(summary)
     common.write_json(args.json_path, summary)
     return 0
+
+
+def slow_peer_reason(settings: dict[str, Any], slowdown: float = 4.0) -> str | None:
+    """Why TRL's side would not finish in reasonable time, or None: in bfloat16 (torch autocast) every
+    matmul of TRL's side is a torch bfloat16 GEMM, which a CPU without native bfloat16 runs through
+    a slow fallback (measured 58x below float32 on an AVX2-only EPYC: a 39-minute first iteration)."""
+    if settings["dtype"] != "bfloat16" or importlib.util.find_spec("torch") is None:
+        return None
+    import torch
+
+    if torch.cuda.is_available():  # TRL's side runs on the GPU
+        return None
+    f32, bf16 = (common.torch_matmul_gflops(d, settings["threads"]) for d in ("float32", "bfloat16"))
+    if bf16 * slowdown >= f32:
+        return None
+    return (f"torch's bfloat16 matmul runs at {bf16:.1f} GFLOP/s on this CPU against {f32:.1f} in float32 (no native "
+            f"bfloat16 support), so TRL's bf16=True side would be about {f32 / bf16:.0f}x slower than in float32; "
+            "compare in float32 (--dtype float32), or pass --force-peer to run it anyway")
 
 
 def _materialize_model(settings: dict[str, Any], tmp: Path) -> Path:
@@ -243,11 +270,27 @@ def _run_child(side: str, settings: dict[str, Any], tmp: Path) -> dict[str, Any]
     inp.write_text(json.dumps(dict(settings, workdir=str(tmp))))
     print(f"kljax bench rl: running the {side} side in a subprocess ...", file=sys.stderr, flush=True)
     code = "import sys; from benchmarks.rl_child import child_main; child_main(sys.argv[1:])"
-    proc = subprocess.run([sys.executable, "-c", code, side, str(inp), str(out)], env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if proc.returncode != 0 or not out.exists():
-        raise RuntimeError(f"the {side} side failed (exit {proc.returncode}):\n{proc.stdout[-6000:]}")
+    proc = subprocess.Popen([sys.executable, "-c", code, side, str(inp), str(out)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    tail: list[str] = []
+    for line in proc.stdout:  # the child's progress lines as they come (after any progress bar's \r); the rest kept
+        at = line.find(PROGRESS)  # for a failure
+        if at >= 0:
+            print(line[at:], end="", file=sys.stderr, flush=True)
+        tail = (tail + [line])[-200:]
+    code_ = proc.wait()
+    if code_ != 0 or not out.exists():
+        raise RuntimeError(f"the {side} side failed (exit {code_}):\n{''.join(tail)[-6000:]}")
     return json.loads(out.read_text())
+
+
+PROGRESS = "kljax bench rl ["
+
+
+def progress(side: str, done: int, total: int, seconds: float, split: dict[str, float]) -> None:
+    """One line per finished iteration of a side (the parent echoes it at once)."""
+    parts = ", ".join(f"{k} {v:.1f} s" for k, v in split.items())
+    print(f"{PROGRESS}{side}]: iteration {done}/{total} in {seconds:.1f} s ({parts})", flush=True)
 
 
 # ---------------------------------------------------------------- shared by both sides
@@ -348,6 +391,8 @@ def print_table(summary: dict[str, Any]) -> None:
         print("(TRL's update column includes its reference log-probs, which it computes inside the step)")
         print(f"ratio (TRL s/iter / kljax s/iter): {summary['ratio']:.2f}x   "
               f"peak memory kljax / TRL: {summary['peak_memory_ratio']:.2f}")
+    if "peer_skipped" in summary:
+        print(f"TRL side skipped: {summary['peer_skipped']}")
     k = summary["sides"]["kljax"]
     print("kljax MFU by phase: " + ", ".join(f"{x} {100 * v:.1f}%" for x, v in k["mfu_split"].items()))
     print(f"kljax compile {k['compile_s']:.1f}s (first iteration {k['first_iteration_s']:.1f}s); "

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from benchmarks import common
-from benchmarks.rl import BETA, CLIP, LEARNING_RATE, SPLIT, TASK, iteration_prompts, side_result
+from benchmarks.rl import BETA, CLIP, LEARNING_RATE, SPLIT, TASK, iteration_prompts, progress, side_result
 
 
 def kljax_config(settings: dict[str, Any], prompt_format: str, max_prompt_len: int) -> Any:
@@ -77,6 +77,8 @@ def kljax_side(settings: dict[str, Any]) -> dict[str, Any]:
         seq, gen = float(jnp.sum(batch.mask_bs)), float(jnp.sum(batch.response_mask_br))
         tokens = {"prompt_unique": (seq - gen) / rs.rl.group_size, "generated": gen, "sequence": seq,
                   "completions": int(batch.tokens_bs.shape[0])}
+        progress("kljax", step + 1, settings["iterations"], total,
+                 {k: split[k] for k in ("sample", "reward", "score", "update")})
         return it.state, split, tokens
 
     mark = compiles.mark()

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import common
-from benchmarks.rl import BETA, CLIP, LEARNING_RATE, iteration_prompts, side_result
+from benchmarks.rl import BETA, CLIP, LEARNING_RATE, iteration_prompts, progress, side_result
 
 
 def peft_config(settings: dict[str, Any]) -> Any:
@@ -81,6 +81,8 @@ def peer_side(settings: dict[str, Any]) -> dict[str, Any]:
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             times["total"].append(time.perf_counter() - self.t0)
             times["cpu"].append(time.process_time() - self.c0)
+            progress("peer", len(times["total"]), n_iter, times["total"][-1],
+                     {"sample": times["sample"][-1] if times["sample"] else 0.0})
             if len(times["total"]) == 1:
                 times["rss_first"].append(common.peak_rss_mb())
 

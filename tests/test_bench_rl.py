@@ -38,8 +38,12 @@ def test_bench_rl_times_both_sides_on_the_same_work(tiny_model, tmp_path, capsys
     assert k["iterations"] == 3 and k["optimizer_steps"] == 3 and k["completions_per_iteration"] == 4
     assert 0 < k["tokens_per_iteration"]["generated"] <= 4 * 6
     assert k["peak_rss_mb"] > 0 and result["settings"]["new_tokens"] == 6 and result["settings"]["micro_batches"] == 2
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "kljax" in printed and "s/iter" in printed
+    for i in (1, 2, 3):  # progress, one line per side and iteration, as it happens
+        assert f"kljax bench rl [kljax]: iteration {i}/3 in " in captured.err
+        assert f"kljax bench rl [peer]: iteration {i}/3 in " in captured.err or not HAS_TRL
     if not HAS_TRL:
         pytest.skip("trl is not installed (the `bench` extra): the peer side was not run")
     p = result["sides"]["peer"]
@@ -58,7 +62,7 @@ def test_bench_rl_bfloat16_runs_both_sides_in_bfloat16_compute(tiny_model, tmp_p
     --no-scan), TRL runs under accelerate's bf16 autocast; the MFU peak is a bfloat16 matmul's."""
     out = tmp_path / "rl.json"
     flags = ["--prompts", "2", "--group", "2", "--new-tokens", "4", "--repeats", "1", "--warmup", "0",
-             "--dtype", "bfloat16", "--no-scan"]
+             "--dtype", "bfloat16", "--no-scan", "--force-peer"]  # a tiny model: fast even without native bf16
     assert main(["bench", "rl", "--model", str(tiny_model), *flags, "--json", str(out)]
                 + ([] if HAS_TRL else ["--no-peer"])) == 0
     result = json.loads(out.read_text())
@@ -69,6 +73,25 @@ def test_bench_rl_bfloat16_runs_both_sides_in_bfloat16_compute(tiny_model, tmp_p
     if not HAS_TRL:
         pytest.skip("trl is not installed (the `bench` extra): the peer side was not run")
     assert result["sides"]["peer"]["mixed_precision"] == "bf16"
+
+
+def test_bench_rl_skips_trl_in_bfloat16_where_torch_has_no_fast_bfloat16(tiny_model, tmp_path, monkeypatch, capsys):
+    """Where torch's bfloat16 GEMM is far below its float32 one (a CPU without native bfloat16), TRL's
+    bf16 side would take hours: the benchmark reports kljax's side and says why TRL's was skipped."""
+    from benchmarks import common
+
+    monkeypatch.setattr(common, "torch_matmul_gflops", lambda dtype, threads: {"float32": 52.5, "bfloat16": 0.9}[dtype])
+    out = tmp_path / "rl.json"
+    flags = ["--prompts", "2", "--group", "2", "--new-tokens", "4", "--repeats", "1", "--warmup", "0",
+             "--dtype", "bfloat16"]
+    assert main(["bench", "rl", "--model", str(tiny_model), *flags, "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert set(result["sides"]) == {"kljax"} and "ratio" not in result
+    assert "0.9 GFLOP/s" in result["peer_skipped"] and "about 58x slower" in result["peer_skipped"]
+    assert "TRL side skipped" in capsys.readouterr().out
+    from benchmarks.rl import slow_peer_reason
+
+    assert slow_peer_reason({"dtype": "float32", "threads": 1}) is None
 
 
 @pytest.mark.parametrize("flag, value", [("--prompts", "0"), ("--group", "1"), ("--repeats", "0"),

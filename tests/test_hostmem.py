@@ -97,6 +97,9 @@ def test_host_tuning_only_for_a_cpu_backend(monkeypatch):
     assert hostmem.expects_cpu_backend({"JAX_PLATFORMS": "cpu"}, lambda name: object())
     assert not hostmem.expects_cpu_backend({"JAX_PLATFORMS": "cuda,cpu"}, none)
     assert not hostmem.expects_cpu_backend({}, lambda name: object() if name == "jax_cuda12_plugin" else None)
+    libtpu = lambda name: object() if name == "libtpu" else None  # the tpu extra: only a TPU VM runs on it
+    assert hostmem.expects_cpu_backend({}, libtpu, tpu_present=lambda: False)
+    assert not hostmem.expects_cpu_backend({}, libtpu, tpu_present=lambda: True)
     calls = []
     monkeypatch.setenv("JAX_PLATFORMS", "tpu")
     hostmem.reexec_with_malloc_tunables(["train"], execve=lambda *a: calls.append(a))

@@ -87,7 +87,7 @@ def test_1b_plan_matches_analytic_estimate(tmp_path):
 
 def test_cli_plan_all_programs(capsys):
     assert cli_main(["plan", "--config", "configs/tiny.py", "--mesh", "fsdp=4,tensor=2", "--chip", "v5e",
-                     "--top", "2"]) == 0
+                     "--top", "2", "--no-roofline", "--cpu-compiler"]) == 0
     out = capsys.readouterr().out
     for text in ("on mesh data=1,fsdp=4,tensor=2 (8 devices)", "train step: activations", "sampler: activations",
                  "score: activations", "KV cache", "PEAK", "largest buffers", "v5e (16 GiB per device): FITS"):
@@ -127,3 +127,16 @@ def test_a_chip_is_planned_with_the_programs_it_runs():
     chosen = with_overrides(config, ["--config.model.kernels=cpu"])  # asked for: kept
     assert plan_lib.make_plan(chosen, (1, 1, 1), devices=devices, chip="h100", programs=("score",)).dtypes[
         "kernels"] == "cpu"
+
+
+def test_sampler_chunks_bound_the_planned_kv_cache():
+    """rl.sampler_chunk: the sampler holds the cache of one chunk's rows, and the plan counts that."""
+    config = load_run_config("configs/tiny.py")
+    devices = jax.devices("cpu")[:2]
+    whole = plan_lib.make_plan(config, (1, 2, 1), devices=devices, programs=("sample",), top=0)
+    chunked = plan_lib.make_plan(with_overrides(config, ["--config.rl.sampler_chunk=2"]), (1, 2, 1),
+                                 devices=devices, programs=("sample",), top=0)
+    assert whole.shapes["sampler_chunk"] == 8 and chunked.shapes["sampler_chunk"] == 2
+    assert chunked.kv_cache * 4 == whole.kv_cache
+    assert chunked.programs["sample"].temp <= whole.programs["sample"].temp
+    assert "sampler chunks of 2 prompts" in plan_lib.format_plan(chunked)

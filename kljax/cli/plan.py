@@ -6,9 +6,12 @@
         --config.model.remat=full --config.rl.micro_batches=16
 
 The mesh is given by axis sizes (`--mesh fsdp=64`, `--mesh data=2,fsdp=-1,tensor=4`; unnamed axes are
-1, and -1 takes the rest of `--devices` or of the chip count). The programs are compiled for that many
-simulated CPU devices: when this process cannot have them, the command starts itself again with
-XLA_FLAGS=--xla_force_host_platform_device_count=N. See `kljax.studies.plan`.
+1, and -1 takes the rest of `--devices` or of the chip count). For a TPU chip (v4, v5e, v5p, v6e) with
+the `tpu` extra installed (libtpu), the programs are compiled by the TPU compiler for a deviceless
+slice of that many chips (`kljax.studies.tpu_topology`). Otherwise they are compiled by XLA:CPU for
+that many simulated CPU devices: when this process cannot have them, the command starts itself again
+with XLA_FLAGS=--xla_force_host_platform_device_count=N. With --chip the plan also gives the step's
+roofline time (`kljax.studies.roofline`). See `kljax.studies.plan`.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 import math
 import os
 import subprocess
+import sys
 
 import jax
 
@@ -24,6 +28,7 @@ from kljax.config.load import load_run_config
 from kljax.errors import UserError
 from kljax.parallel.distributed import parse_mesh
 from kljax.studies.plan import check_plan, format_plan, make_plan, parse_chip, plan_json, resolve_model
+from kljax.studies.tpu_topology import libtpu_version, tpu_devices
 from kljax.util.self_command import kljax_argv
 from kljax.util.threads import without_forced_devices
 
@@ -45,6 +50,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--programs", default="train,sample,score", help="which programs to compile")
     parser.add_argument("--top", type=int, default=6, help="largest buffers to list per program (0: none)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument("--no-roofline", dest="roofline", action="store_false",
+                        help="skip the roofline step time (its small extra compilations)")
+    parser.add_argument("--cpu-compiler", action="store_true",
+                        help="compile with XLA:CPU even where the TPU compiler (the tpu extra) could plan the chip")
     parser.epilog = "Config fields can be overridden, e.g. --config.rl.micro_batches=8 --config.model.remat=full."
 
 
@@ -87,6 +96,10 @@ def _child_argv(args: argparse.Namespace, devices: int) -> list[str]:
             argv += [flag, str(value)]
     if args.json:
         argv.append("--json")
+    if not args.roofline:
+        argv.append("--no-roofline")
+    if args.cpu_compiler:
+        argv.append("--cpu-compiler")
     return argv + list(getattr(args, "overrides", []))
 
 
@@ -107,11 +120,22 @@ def run(args: argparse.Namespace) -> int:
     resolve_model(config.model)  # an unknown model is named before the mesh is checked against it
     shape, devices, chip = _resolve(args, config)
     check_plan(config, shape, devices)  # fail before compiling (or starting a child process)
-    if not _have_devices(devices):
-        if os.environ.get(CHILD_ENV):
-            raise UserError(f"could not get {devices} simulated CPU devices")
-        return _reexec(args, devices)
     programs = tuple(p.strip() for p in args.programs.split(",") if p.strip())
-    plan = make_plan(config, shape, devices=jax.devices("cpu")[:devices], chip=chip, programs=programs, top=args.top)
+    tpu = chip is not None and chip.is_tpu and not args.cpu_compiler
+    if tpu and libtpu_version() is None:
+        tpu = False
+        print(f"kljax plan: the tpu extra (libtpu) is not installed: planning {chip.name} with XLA:CPU, whose "
+              "temporaries are upper bounds; pip install 'kljax[tpu]' for the TPU compiler", file=sys.stderr)
+    if tpu:
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the deviceless slice needs no TPU backend
+        plan = make_plan(config, shape, devices=tpu_devices(chip, devices), chip=chip, programs=programs,
+                         top=args.top, roofline=args.roofline)
+    else:
+        if not _have_devices(devices):
+            if os.environ.get(CHILD_ENV):
+                raise UserError(f"could not get {devices} simulated CPU devices")
+            return _reexec(args, devices)
+        plan = make_plan(config, shape, devices=jax.devices("cpu")[:devices], chip=chip, programs=programs,
+                         top=args.top, roofline=args.roofline)
     print(plan_json(plan) if args.json else format_plan(plan))
     return 0 if plan.fits() in (None, True) else 1

@@ -45,7 +45,8 @@ class RLConfig:
     strings or token ids that end a response like EOS. reuse_sampler_logprobs: when the sampler is
     the policy (`rollout.sampler_is_policy`), take log pi of the sampled tokens from it instead of a
     second forward pass (float32 only). clip_ratio_c: dual-clip PPO bound (> 1) or None.
-    advantage_std_eps: grpo divides by the group std + this.
+    advantage_std_eps: grpo divides by the group std + this. sampler_chunk: prompts the sampler
+    generates at once (bounds its KV cache; 0: all of them).
     """
 
     advantage: str = "rloo"
@@ -67,6 +68,7 @@ class RLConfig:
     reuse_sampler_logprobs: bool = True
     clip_ratio_c: float | None = None
     advantage_std_eps: float = 1e-4
+    sampler_chunk: int = 0
 
     @property
     def batch_size(self) -> int:
@@ -109,6 +111,10 @@ class RLConfig:
             raise UserError(f"rl.clip_ratio_c={self.clip_ratio_c} must be > 1 (or None: no dual clip)")
         if not self.advantage_std_eps >= 0:
             raise UserError(f"rl.advantage_std_eps={self.advantage_std_eps} must be >= 0")
+        if self.sampler_chunk < 0 or (0 < self.sampler_chunk < self.prompts_per_step
+                                      and self.prompts_per_step % self.sampler_chunk):
+            raise UserError(f"rl.sampler_chunk={self.sampler_chunk} must divide rl.prompts_per_step="
+                            f"{self.prompts_per_step} (0: all prompts at once)")
 
 
 def check_rl_against_model(rl: RLConfig, max_positions: int, num_shards: int) -> None:
@@ -121,6 +127,10 @@ def check_rl_against_model(rl: RLConfig, max_positions: int, num_shards: int) ->
     if rl.prompts_per_step % num_shards:
         raise UserError(f"rl.prompts_per_step={rl.prompts_per_step} must split over the {num_shards} data-parallel "
                         "shards (mesh data * fsdp) the sampler shards prompts over")
+    chunk = rl.sampler_chunk if 0 < rl.sampler_chunk < rl.prompts_per_step else rl.prompts_per_step
+    if chunk % num_shards:
+        raise UserError(f"rl.sampler_chunk={rl.sampler_chunk} prompts must split over the {num_shards} data-parallel "
+                        "shards (mesh data * fsdp)")
     per_micro = rl.batch_size // rl.micro_batches
     if per_micro % num_shards:
         raise UserError(f"each micro-batch of {per_micro} sequences must split over the {num_shards} data-parallel "

@@ -38,6 +38,8 @@ class SamplingParams:
       sequence of one id is moved into stop_token_ids.
     n: samples per prompt.
     entropy: also return the entropy of every step's distribution (`SampleResult.response_entropy_rn`).
+    chunk: prompts per sampler chunk: the B prompts are generated in B / chunk strided groups one after
+      another, so the KV cache holds chunk * n rows at a time (`kljax.sampling.sampler`); 0: all at once.
     """
 
     max_new_tokens: int = 64
@@ -50,6 +52,7 @@ class SamplingParams:
     min_p: float = 0.0
     stop_sequences: tuple[tuple[int, ...], ...] = ()
     entropy: bool = False
+    chunk: int = 0
 
     def __post_init__(self) -> None:
         stops = self.stop_token_ids
@@ -82,6 +85,9 @@ class SamplingParams:
             raise ValueError(f"top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
         if not isinstance(self.n, int | np.integer) or self.n < 1:
             raise ValueError(f"n (samples per prompt) must be an int >= 1, got {self.n!r}")
+        if not isinstance(self.chunk, int | np.integer) or self.chunk < 0:
+            raise ValueError(f"chunk (prompts per sampler chunk) must be an int >= 0 (0 = all), got {self.chunk!r}")
+        object.__setattr__(self, "chunk", int(self.chunk))
         object.__setattr__(self, "max_new_tokens", int(self.max_new_tokens))
         object.__setattr__(self, "top_k", int(self.top_k))
         object.__setattr__(self, "n", int(self.n))

@@ -43,6 +43,7 @@ from kljax.models.config import ModelConfig
 from kljax.models.transformer import Params, positions_from_mask, token_logprobs
 from kljax.parallel import sharding as sharding_lib
 from kljax.sampling import step as step_lib
+from kljax.sampling.chunks import join_rows, num_chunks, split_prompts
 from kljax.sampling.logits import (  # noqa: F401  (re-exported: the sampler's public API)
     SamplingParams,
     sample_logits,
@@ -173,6 +174,37 @@ def _generate_jit(
     sampling: SamplingParams,
     mesh: Mesh | None,
 ) -> SampleResult:
+    """All B prompts at once, or with `sampling.chunk` in C = B / chunk strided chunks
+    (`kljax.sampling.chunks`) one after another (`lax.map`), chunk c drawing with
+    `fold_in(key, c)`. Greedy tokens and all log-probs are those of one batch: rows never interact."""
+    weights = step_lib.step_weights(params, config, mesh)  # once, outside the chunks
+    b = prompt_tokens_bp.shape[0]
+    c = num_chunks(b, sampling.chunk)
+    if c == 1:
+        return _generate_rows(params, weights, prompt_tokens_bp, prompt_mask_bp, key, config, sampling, mesh)
+
+    def one(args: tuple[jax.Array, jax.Array, jax.Array]) -> SampleResult:
+        tokens_bp, mask_bp, i = args
+        return _generate_rows(params, weights, tokens_bp, mask_bp, jax.random.fold_in(key, i), config, sampling,
+                              mesh)
+
+    out = jax.lax.map(one, (split_prompts(prompt_tokens_bp, c, mesh), split_prompts(prompt_mask_bp, c, mesh),
+                            jnp.arange(c)))
+    return jax.tree.map(lambda x: join_rows(x, c, b, mesh), out)
+
+
+
+def _generate_rows(
+    params: Params,
+    weights: Any,
+    prompt_tokens_bp: jax.Array,
+    prompt_mask_bp: jax.Array,
+    key: jax.Array,
+    config: ModelConfig,
+    sampling: SamplingParams,
+    mesh: Mesh | None,
+) -> SampleResult:
+    """The sampler on B prompts at once (traced inside `_generate_jit`); `weights`: `step_weights`."""
     b, p = prompt_tokens_bp.shape
     n, big_n = sampling.n, sampling.max_new_tokens
     r = b * n
@@ -219,7 +251,6 @@ def _generate_jit(
             key=state.key,
         )
 
-    weights = step_lib.step_weights(params, config, mesh)
     state = step_lib.decode_loop(
         weights, state, step_fn, prompt_len=p, config=config, max_new_tokens=big_n, mesh=mesh
     )
@@ -334,12 +365,16 @@ def generate(
     if any(t >= model_config.vocab_size for seq in sampling.stop_sequences for t in seq):
         raise ValueError(f"stop_sequences {sampling.stop_sequences} hold ids beyond "
                          f"vocab_size={model_config.vocab_size}")
+    chunks = num_chunks(tokens_bp.shape[0], sampling.chunk)
     if mesh is not None:
         shards = math.prod(mesh.shape[a] for a in ("data", "fsdp") if a in mesh.shape)
         if tokens_bp.shape[0] % shards:
             raise ValueError(
                 f"batch of {tokens_bp.shape[0]} prompts does not divide over the mesh's data axes ({shards} shards)"
             )
+        if (tokens_bp.shape[0] // chunks) % shards:
+            raise ValueError(f"sampler chunk of {tokens_bp.shape[0] // chunks} prompts does not divide over the "
+                             f"mesh's data axes ({shards} shards)")
         batch = sharding_lib.data_sharding(mesh)
         tokens_in = sharding_lib.device_put_host(tokens_bp, batch)
         mask_in = sharding_lib.device_put_host(mask_bp, batch)

@@ -10,15 +10,16 @@ temporaries. The resident state (parameters, optimizer state, the frozen referen
 off-policy sampler snapshots) is summed exactly from the arrays' shard shapes. A phase's peak is the
 resident state plus what its program adds; the run's peak is the largest phase.
 
-The programs are compiled for the CPU backend (simulated devices), so the temporaries are the CPU
-compiler's: a TPU or GPU compiler fuses and schedules differently (TPU usually needs less, and CPU
-may upcast bfloat16 matmuls to float32). Parameters, optimizer state and KV cache are exact.
+On deviceless TPU devices (`kljax.studies.tpu_topology`, the `tpu` extra) the programs compile
+with the TPU compiler and the temporaries are the TPU's. On simulated CPU devices they are XLA:CPU's:
+a TPU or GPU compiler fuses and schedules differently (XLA:CPU upcasts bfloat16 matmuls to float32,
+so its temporaries are upper bounds). Parameters, optimizer state and KV cache are exact either way.
+With `roofline`, the step's lower-bound time from the programs' cost analysis (`kljax.studies.roofline`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import re
@@ -33,54 +34,18 @@ from kljax import sampling
 from kljax.config.run import RunConfig
 from kljax.config.sections import ModelSection
 from kljax.models import lora
-from kljax.models import transformer as tfm
 from kljax.models.config import ModelConfig, num_params
 from kljax.models.convert import read_hf_config
 from kljax.models.known_configs import KNOWN_CONFIGS
 from kljax.parallel import sharding as shd
 from kljax.parallel.distributed import check_mesh
-from kljax.sampling import sampler
+from kljax.sampling.chunks import num_chunks
 from kljax.sampling.step import cache_bytes
-from kljax.train import state as st
+from kljax.studies import plan_cost, plan_programs
+from kljax.studies.chips import CHIPS, Chip, GiB, parse_chip  # noqa: F401  (the plan's chip API)
+from kljax.studies.roofline import Roofline, model_flops
+from kljax.studies.tpu_topology import libtpu_version
 from kljax.train.policy import _runtime, tiny_model_config
-from kljax.train.rollout import policy_scored_in_update
-from kljax.train.step import Batch, StepSettings, score, train_step
-
-GiB = 2**30
-
-# Accelerator memory per JAX device (GiB) and, for TPU names like v5p-32, TensorCores per chip
-# (v4/v5p slices are named by TensorCores, and one JAX device is one chip of 2 cores).
-CHIPS: dict[str, tuple[float, int]] = {
-    "v4": (32, 2), "v5e": (16, 1), "v5p": (95, 2), "v6e": (32, 1),
-    "h100": (80, 1), "h200": (141, 1), "a100-40": (40, 1), "a100-80": (80, 1), "a100": (80, 1),
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class Chip:
-    """A device kind and (when named, as in v5e-64 or 8xh100) how many JAX devices a slice has."""
-
-    name: str
-    hbm_bytes: int
-    devices: int | None = None
-
-
-def parse_chip(text: str) -> Chip:
-    """'v5e', 'v5e-64' (64 chips), 'v5p-32' (32 cores = 16 chips), '8xh100', 'a100-80', 'h200'."""
-    t = text.strip().lower()
-    count = None
-    m = re.fullmatch(r"(\d+)x(.+)", t)
-    if m:
-        count, t = int(m.group(1)), m.group(2)
-    if t not in CHIPS:
-        m = re.fullmatch(r"(v\d+[a-z]?)-(\d+)", t)
-        if m and m.group(1) in CHIPS:
-            t, cores = m.group(1), int(m.group(2))
-            count = max(1, cores // CHIPS[t][1])
-    if t not in CHIPS:
-        raise ValueError(f"unknown chip {text!r}; known: {sorted(CHIPS)} (TPU slices as v5e-64, GPUs as 8xh100)")
-    return Chip(t, int(CHIPS[t][0] * GiB), count)
-
 
 # ---------------------------------------------------------------------------------------- model
 
@@ -91,10 +56,10 @@ def resolve_model(section: ModelSection) -> tuple[Any, str]:
     source: "tiny", "default" (SmolLM2-135M), "known:NAME" (kljax.models.known_configs) or a
     checkpoint directory (only its config.json is read).
     """
-    source = section.source
+    source = str(section.source)
     runtime = _runtime(section)
     if source == "tiny":
-        return tiny_model_config(section, section.tiny.vocab_size), "tiny"
+        return tiny_model_config(section, int(section.tiny.vocab_size)), "tiny"
     if source == "default":
         source = "known:smollm2-135m"
     if source.startswith("known:"):
@@ -206,6 +171,8 @@ class Plan:
     # With model.lora: rank, alpha, targets, adapter_params, and reference_copy_saved (bytes per device
     # a separate reference copy would take: with LoRA the frozen base is the reference, `ref_params`)
     lora: dict[str, Any] | None = None
+    compiler: str = "XLA:CPU (simulated CPU devices)"
+    roofline: Roofline | None = None  # with a chip: the step's lower bound from the programs' cost analysis
 
     @property
     def resident(self) -> int:
@@ -220,17 +187,14 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        out.update(resident=self.resident, peak=self.peak, fits=self.fits())
+        out.update(resident=self.resident, peak=self.peak, fits=self.fits(),
+                   roofline=None if self.roofline is None else self.roofline.to_dict())
         return out
 
 
 def analytic_state_bytes(num_params: int, param_bytes: int, num_devices: int, moments: int = 2) -> float:
     """(params + Adam moments) per device if every parameter were split evenly over all devices."""
     return num_params * param_bytes * (1 + moments) / num_devices
-
-
-def _abstract(tree: Any, shardings: Any) -> Any:
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
 def check_plan(config: RunConfig, mesh_shape: tuple[int, int, int],
@@ -242,11 +206,21 @@ def check_plan(config: RunConfig, mesh_shape: tuple[int, int, int],
     return config, model, name, check_mesh(mesh_shape, num_devices, config.rl, model)
 
 
+def compiler_name(devices: list) -> str:
+    """Which compiler the plan's programs are compiled by: the TPU compiler for deviceless TPU
+    devices (`kljax.studies.tpu_topology`), else XLA:CPU for simulated CPU devices."""
+    if devices and devices[0].platform == "tpu":
+        return (f"TPU compiler (libtpu {libtpu_version()}) for a deviceless {devices[0].device_kind} slice of "
+                f"{len(devices)} chips")
+    return "XLA:CPU (simulated CPU devices)"
+
+
 def make_plan(config: RunConfig, mesh_shape: tuple[int, int, int], *, devices: list | None = None,
               chip: Chip | str | None = None, programs: tuple[str, ...] = ("train", "sample", "score"),
-              top: int = 8) -> Plan:
+              top: int = 8, roofline: bool = False) -> Plan:
     """Compile the run's programs for `mesh_shape` over `devices` (default: all of this process's
-    CPU devices) on abstract inputs and return the per-device memory plan."""
+    CPU devices; deviceless TPU devices compile with the TPU compiler) on abstract inputs and return
+    the per-device memory plan; with `roofline` (needs `chip`) also the step's roofline bound."""
     unknown = sorted(set(programs) - {"train", "sample", "score"})
     if unknown:
         raise ValueError(f"unknown program(s) {unknown}; choose from train, sample, score")
@@ -261,67 +235,27 @@ def make_plan(config: RunConfig, mesh_shape: tuple[int, int, int], *, devices: l
         raise ValueError(f"the mesh needs {want} devices but this process has {len(devices)}; run `kljax plan`, "
                          "which starts itself with enough simulated devices")
     mesh = shd.make_mesh(*mesh_shape, devices=devices[:want])
-
-    p_sh = shd.logical_to_sharding(tfm.logical_axes(model), tfm.param_shapes(model), mesh)
-    params = _abstract(tfm.param_shapes(model), p_sh)
-    frozen = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, model.jnp_frozen_dtype, sharding=x.sharding),
-                          params)  # the reference and async snapshots (`tfm.frozen_copy`)
-    lora_on = model.lora is not None
-    if lora_on:  # as `run_build.build`: the state trains the adapters; the frozen base is also the reference
-        params = _abstract(lora.adapter_shapes(model), st.adapter_shardings(model, mesh))
-        p_sh = jax.tree.map(lambda x: x.sharding, params)
-    tx = st.make_optimizer(settings.run_optim)
-    fresh = functools.partial(st._fresh_state, tx=tx, seed=settings.seed)
-    state_shape = jax.eval_shape(fresh, params)
-    state_sh = st.state_shardings(state_shape, p_sh, mesh, tx)
-    state = _abstract(state_shape, state_sh)
-    ref_arg = (frozen,) if lora_on else ()  # the train step reads the base (and the full KL the reference)
-    policy_params = lora.combine if lora_on else (lambda base, trained: trained)  # the policy's full params
-
+    run = plan_programs.abstract_run(model, settings, mesh)
+    lora_on = run.lora_on
     b_prompts, g = rl.prompts_per_step, rl.group_size
     prompt_len = sampling.bucket_length(rl.max_prompt_len)
     rows, resp, seq = b_prompts * g, rl.max_new_tokens, prompt_len + rl.max_new_tokens
-    rows_sh = lambda ndim: shd.data_sharding(mesh, ndim)
-    sds = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=rows_sh(len(shape)))
-    batch = Batch(
-        tokens_bs=sds((rows, seq), jnp.int32), mask_bs=sds((rows, seq), jnp.bool_),
-        positions_bs=sds((rows, seq), jnp.int32), response_mask_br=sds((rows, resp), jnp.float32),
-        sampler_logp_br=sds((rows, resp), jnp.float32), ref_logp_br=sds((rows, resp), jnp.float32),
-        advantages_br=sds((rows, resp), jnp.float32),
-        beta=jax.ShapeDtypeStruct((), jnp.float32, sharding=shd.replicated(mesh)),
-    )
-    batch_sh = jax.tree.map(lambda x: x.sharding, batch)
+    batch = plan_programs.abstract_batch(mesh, rows, prompt_len, resp)
 
     compiled: dict[str, ProgramMemory] = {}
     if "train" in programs:
-        step_settings = StepSettings(model, settings.kl, rl.loss_aggregation, rl.clip_low, rl.clip_high,
-                                     rl.micro_batches, kl_metrics=policy_scored_in_update(rl, settings.kl, model))
-        step_tx = settings.run_optim if model.cpu_kernels else tx  # as the trainer (`run_build.build`)
-        ref_sh = tuple(jax.tree.map(lambda x: x.sharding, r) for r in ref_arg)
-        step = jax.jit(functools.partial(train_step, settings=step_settings, tx=step_tx),
-                       in_shardings=(state_sh, batch_sh, *ref_sh), out_shardings=(state_sh, None), donate_argnums=0)
-        with jax.set_mesh(mesh):  # the context mesh turns on the model's activation sharding constraints
-            lowered = step.lower(state, batch, *ref_arg)
+        lowered = plan_programs.lower_train(run, settings, batch, rl.micro_batches)
         compiled["train"] = compile_memory("train step", lowered, top)
     if "score" in programs:
-        scorer = jax.jit(lambda trained, base, b: score(policy_params(base, trained), base, b, model=model,
-                                                        micro_batches=rl.micro_batches))
-        with jax.set_mesh(mesh):
-            lowered = scorer.lower(params, frozen, batch)
+        lowered = plan_programs.lower_score(run, batch, rl.micro_batches)
         compiled["score"] = compile_memory("score (policy + reference log-probs)", lowered, top)
     if "sample" in programs:
-        sp = sampling.SamplingParams(max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_p=rl.top_p,
-                                     top_k=rl.top_k, stop_token_ids=tuple(model.eos_token_ids), n=g)
-        prompts = jax.ShapeDtypeStruct((b_prompts, prompt_len), jnp.int32, sharding=rows_sh(2))
-        prompt_mask = jax.ShapeDtypeStruct((b_prompts, prompt_len), jnp.bool_, sharding=rows_sh(2))
-        key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=shd.replicated(mesh))
-        lowered = sampler._generate_jit.lower(policy_params(frozen, params), prompts, prompt_mask, key, config=model,
-                                               sampling=sp, mesh=mesh)
+        lowered = plan_programs.lower_sample(run, plan_programs.sampling_params(rl, model), b_prompts, prompt_len)
         compiled["sample"] = compile_memory("sampler (prefill + decode loop)", lowered, top)
 
-    p_bytes, ref_bytes = sharded_bytes(params), sharded_bytes(frozen)
-    opt_bytes = sharded_bytes(state) - p_bytes
-    snap_bytes = rl.async_level * (sharded_bytes(params) * model.jnp_frozen_dtype.itemsize // 4 if lora_on
+    p_bytes, ref_bytes = sharded_bytes(run.params), sharded_bytes(run.frozen)
+    opt_bytes = sharded_bytes(run.state) - p_bytes
+    snap_bytes = rl.async_level * (p_bytes * model.jnp_frozen_dtype.itemsize // 4 if lora_on
                                    else ref_bytes)  # LoRA: snapshots of the float32 adapters in the frozen dtype
     resident = p_bytes + ref_bytes + opt_bytes + snap_bytes
     base_arg = ref_bytes if lora_on else 0  # the train step and the sampler also read the resident base
@@ -332,18 +266,28 @@ def make_plan(config: RunConfig, mesh_shape: tuple[int, int, int], *, devices: l
         extra_args = max(prog.argument - resident_args[key_], 0)  # batch / prompts
         phases[key_] = resident + extra_args + prog.output - prog.alias + prog.temp
     data_shards = mesh_shape[0] * mesh_shape[1]
-    kv = cache_bytes(model, -(-rows // data_shards), seq - 1)
+    chunk_prompts = b_prompts // num_chunks(b_prompts, rl.sampler_chunk)
+    kv = cache_bytes(model, -(-chunk_prompts * g // data_shards), seq - 1)
+    bound = None
+    if roofline and chip is not None:
+        costs, _ = plan_cost.step_costs(model, settings, mesh, programs)
+        head_shared = model.tie_embeddings  # the embedding lookup is no matmul; a tied head is the embedding
+        matmul = num_params(model) - (0 if head_shared else model.vocab_size * model.hidden_size)
+        flops = model_flops(matmul, b_prompts, g, prompt_len, resp, score_forwards=2, lora=lora_on)
+        bound = Roofline(chip.name, want, chip.peak_flops, chip.hbm_bytes_per_s, costs, rows * seq,
+                         sum(v for k, v in flops.items() if k in costs))
     return Plan(
         model=name, num_params=num_params(model), mesh=tuple(mesh_shape),
         shapes={"prompts": b_prompts, "group": g, "sequences": rows, "prompt_len": prompt_len,
-                "new_tokens": resp, "micro_batches": rl.micro_batches, "async_level": rl.async_level},
+                "new_tokens": resp, "micro_batches": rl.micro_batches, "async_level": rl.async_level,
+                "sampler_chunk": chunk_prompts},
         dtypes={"param_dtype": model.param_dtype, "dtype": model.dtype, "remat": model.remat,
                 "kernels": "cpu" if model.cpu_kernels else "plain"},
         lora=None if not lora_on else {"rank": model.lora.rank, "alpha": model.lora.alpha,
                                        "targets": list(model.lora.targets), "adapter_params": lora.count(model),
                                        "reference_copy_saved": ref_bytes},
         params=p_bytes, opt_state=opt_bytes, ref_params=ref_bytes, snapshots=snap_bytes, kv_cache=kv,
-        programs=compiled, phases=phases, chip=chip,
+        programs=compiled, phases=phases, chip=chip, compiler=compiler_name(devices), roofline=bound,
     )
 
 
@@ -360,8 +304,10 @@ def format_plan(plan: Plan) -> str:
     lines = [
         f"kljax plan: {plan.model} ({plan.num_params / 1e9:.2f} B params) on mesh data={d},fsdp={f},tensor={t} "
         f"({d * f * t} devices)",
+        f"  compiled by {plan.compiler}",
         f"  batch: {s['prompts']} prompts x {s['group']} samples = {s['sequences']} sequences of "
-        f"{s['prompt_len']} + {s['new_tokens']} tokens, {s['micro_batches']} micro-batch(es); "
+        f"{s['prompt_len']} + {s['new_tokens']} tokens, {s['micro_batches']} micro-batch(es), sampler chunks of "
+        f"{s['sampler_chunk']} prompts; "
         f"param_dtype={plan.dtypes['param_dtype']} dtype={plan.dtypes['dtype']} remat={plan.dtypes['remat']} "
         f"kernels={plan.dtypes['kernels']}",
         "",
@@ -373,7 +319,7 @@ def format_plan(plan: Plan) -> str:
         row("optimizer state (Adam moments)", plan.opt_state)
         row("reference parameters", plan.ref_params)
     else:
-        lines.insert(2, f"  LoRA rank {plan.lora['rank']} (alpha {plan.lora['alpha']:g}) on "
+        lines.insert(3, f"  LoRA rank {plan.lora['rank']} (alpha {plan.lora['alpha']:g}) on "
                         f"{','.join(plan.lora['targets'])}: {plan.lora['adapter_params'] / 1e6:.1f} M trained params; "
                         f"the frozen base is also the reference (no second copy: "
                         f"{plan.lora['reference_copy_saved'] / scale:.2f} {unit} per device saved)")
@@ -401,9 +347,28 @@ def format_plan(plan: Plan) -> str:
                      f"({100 * margin / hbm:+.0f}%)")
         if 0 <= margin < 0.1 * hbm:
             lines.append("  (tight: runtime buffers, fragmentation and collectives need some headroom)")
-    lines.append("Temporaries come from CPU compilations of the same programs; a TPU/GPU compiler schedules and "
-                 "fuses differently. Parameters, optimizer state and KV cache are exact.")
+    if plan.roofline is not None:
+        lines += format_roofline(plan.roofline)
+    if plan.compiler.startswith("TPU"):
+        lines.append("Temporaries come from the TPU compiler's programs for this slice. Parameters, optimizer "
+                     "state and KV cache are exact.")
+    else:
+        lines.append("Temporaries come from the CPU's compilations (XLA:CPU) of the same programs, upper bounds: a "
+                     "TPU/GPU compiler schedules and fuses differently and makes no float32 copies of bfloat16 "
+                     "weights. Parameters, optimizer state and KV cache are exact.")
     return "\n".join(lines)
+
+
+def format_roofline(r: Roofline) -> list[str]:
+    """The roofline lines of a plan."""
+    secs = r.phase_seconds()
+    parts = ", ".join(f"{k} {v:.3g} s ({r.phases[k].flops / 1e12:.3g} TFLOP, {r.phases[k].bytes / 1e9:.3g} GB)"
+                      for k, v in secs.items())
+    return [f"step time >= {r.step_seconds:.3g} s (roofline: {r.chip} at {r.peak_flops / 1e12:.0f} TFLOP/s bf16, "
+            f"{r.hbm_bytes_per_s / 1e9:.0f} GB/s HBM per device)",
+            f"  per device: {parts}",
+            f"  <= {r.tokens_per_s_per_chip:,.0f} tokens/s per chip ({r.tokens} sequence tokens a step), "
+            f"MFU ceiling {100 * r.mfu_ceiling:.3g}%"]
 
 
 def plan_json(plan: Plan) -> str:

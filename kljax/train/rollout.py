@@ -204,7 +204,7 @@ def rollout(
     params_s = sampling.SamplingParams(
         temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k, min_p=rl.min_p, max_new_tokens=rl.max_new_tokens,
         stop_token_ids=tuple(stop_token_ids) + stops.token_ids, stop_sequences=stops.sequences, n=rl.group_size,
-        entropy=reuse,
+        entropy=reuse, chunk=rl.sampler_chunk,
     )
     result = as_policy(model_config).sample(sampler_params, prompt_ids, prompt_mask, key, params_s, mesh=mesh)
     response_tokens, response_mask = result.response_tokens_rn, result.response_mask_rn

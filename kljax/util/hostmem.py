@@ -100,16 +100,27 @@ def tuned_environment(
 ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "jax_rocm7_plugin", "libtpu")
 
 
-def expects_cpu_backend(environ: Mapping[str, str], find_spec: Callable[[str], object] | None = None) -> bool:
+def tpu_attached() -> bool:
+    """Whether this host has TPU chips (their device files: /dev/accel* on v4, /dev/vfio/N on v5e,
+    v5p and v6e VMs). libtpu installed without them (the `tpu` extra, for `kljax plan`) runs nothing."""
+    import glob
+
+    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+def expects_cpu_backend(environ: Mapping[str, str], find_spec: Callable[[str], object] | None = None,
+                        tpu_present: Callable[[], bool] = tpu_attached) -> bool:
     """Whether JAX will run on the CPU, decided before JAX is imported: JAX_PLATFORMS names cpu
-    first, or (unset) no accelerator plugin is installed. The tuning here is for XLA CPU only."""
+    first, or (unset) no accelerator plugin is installed, libtpu counting only on a host with TPU
+    chips (`tpu_attached`). The tuning here is for XLA CPU only."""
     import importlib.util
 
     platforms = environ.get("JAX_PLATFORMS", "").strip()
     if platforms:
         return platforms.split(",")[0].strip() == "cpu"
     find = find_spec or importlib.util.find_spec
-    return not any(find(name) is not None for name in ACCELERATOR_PLUGINS)
+    found = [name for name in ACCELERATOR_PLUGINS if find(name) is not None]
+    return not found or (found == ["libtpu"] and not tpu_present())
 
 
 def reexec_with_malloc_tunables(
