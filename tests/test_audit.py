@@ -245,9 +245,12 @@ def test_tunix_aggregations_and_advantages(mode, ours):
 
 
 def test_equivalent_only_where_the_gradients_agree(capsys):
+    assert main(["audit", "trl-grpo", "beta=0.04", "importance_sampling_level=sequence"]) == 0
+    out = capsys.readouterr().out
+    assert "approximately" in out and "equivalent" not in out and "importance_sampling_level='sequence'" in out
     assert main(["audit", "trl-grpo", "scale_rewards=batch"]) == 0
     out = capsys.readouterr().out
-    assert "approximately" in out and "equivalent" not in out and "scale_rewards='batch'" in out
+    assert "equivalent" in out and "--config.rl.advantage_scale=batch" in out
     assert main(["audit", "trl-rloo", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["mapping"] == "exact" and report["approximations"] == []

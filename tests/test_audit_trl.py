@@ -30,7 +30,8 @@ from trl.trainer.grpo_trainer import GRPOTrainer  # noqa: E402
 from trl.trainer.rloo_trainer import RLOOTrainer  # noqa: E402
 from trl.trainer.utils import nanstd  # noqa: E402
 
-from kljax.rl.objective import Objective, rl_loss  # noqa: E402
+from kljax.rl.advantages import Baseline  # noqa: E402
+from kljax.rl.objective import Objective, TokenLogProbs, rl_loss  # noqa: E402
 from kljax.verdicts.audit import translation  # noqa: E402
 
 B, G, R = 8, 4, 6
@@ -160,9 +161,9 @@ def kljax_gradient(x, peer: str, settings: dict, stale: bool) -> tuple[np.ndarra
         def loss(lp):
             # stale: a later update on the batch, whose advantages (and reward-placed KL) the rollout
             # computed from the policy that sampled it, as the peers compute theirs from the old log-probs
-            return rl_loss(objective, jnp.asarray(x["rewards"]), lp, sampler, jnp.asarray(x["ref"]),
-                           jnp.asarray(x["mask"]), run.kl.beta, run.group_size, run.advantage, std_eps=run.std_eps,
-                           rollout_logp_br=sampler)
+            baseline = Baseline(run.advantage, run.group_size, run.std_eps, run.advantage_scale)
+            logps = TokenLogProbs(lp, jnp.asarray(x["ref"]), jnp.asarray(x["mask"]), sampler)
+            return rl_loss(objective, baseline, jnp.asarray(x["rewards"]), logps, run.kl.beta, rollout_logp_br=sampler)
 
         g = np.asarray(jax.grad(loss)(jnp.asarray(x["logp"])))
     return g, t

@@ -66,10 +66,13 @@ def test_hostmem_reexec_command_line(tmp_path, monkeypatch):
 def test_plan_child_command_line(tmp_path, monkeypatch):
     seen = []
     monkeypatch.setattr(plan_cli.subprocess, "call", lambda argv, env=None: seen.append(argv) or 0)
-    args = argparse.Namespace(config=None, model=None, mesh="fsdp=4", chip=None, programs="train", top=0,
-                              json=False, overrides=[])
+    parser = argparse.ArgumentParser()
+    plan_cli.configure(parser)
+    args = parser.parse_args(["--mesh", "fsdp=4", "--programs", "train", "--top", "0", "--no-roofline"])
+    args.overrides = []
     plan_cli._reexec(args, 4)
     child = plan_cli._child_argv(args, 4)
+    assert "--no-roofline" in child
     assert seen[0][-len(child):] == child
     cwd = _hostile_cwd(tmp_path)
     _assert_clean(_run_prefix(seen[0][:-len(child)], cwd), cwd)

@@ -17,7 +17,7 @@ from kljax.policies.tabular import TabularPolicy, all_responses, sequence_probab
 from kljax.rl.kl import KLConfig
 from kljax.sampling import SamplingParams
 from kljax.tasks.base import Example, Score, Task
-from kljax.train.rollout import rollout
+from kljax.train.rollout import RolloutSetup, rollout
 from kljax.train.state import TrainState
 from kljax.train.step import StepSettings, score, train_step
 
@@ -91,9 +91,9 @@ def test_rollout_and_train_step_run_on_the_tabular_policy():
     ref = jax.tree.map(lambda x: x + 0.2, params)
     task = _TableTask()
     score_fn = jax.jit(functools.partial(score, model=POLICY, policy=False))
-    batch, info = rollout(task.examples("train"), task, _Tokenizer(), sampler_params=params, params=params,
-                          ref_params=ref, model_config=POLICY, rl=rl, kl=kl, beta=0.1, prompt_format="raw",
-                          key=jax.random.PRNGKey(1), score_fn=score_fn, stop_token_ids=(STOP,), pad_id=0)
+    setup = RolloutSetup(task, _Tokenizer(), POLICY, rl, kl, score_fn, (STOP,), 0)
+    batch, info = rollout(setup, task.examples("train"), sampler_params=params, params=params, ref_params=ref,
+                          beta=0.1, key=jax.random.PRNGKey(1))
     assert batch.tokens_bs.shape == (8, 4) and batch.advantages_br.shape == (8, 3)
     expected = [task.check(None, c).reward for c in info.completions]
     np.testing.assert_allclose(info.rewards, expected, rtol=1e-6)

@@ -32,7 +32,7 @@ from kljax.rl.kl import KLConfig
 from kljax.sampling import SampleResult
 from kljax.sampling.logits import sampling_entropy, sampling_logprobs
 from kljax.tasks.base import Example
-from kljax.train.rollout import rollout, sampler_is_policy
+from kljax.train.rollout import RolloutSetup, rollout, sampler_is_policy
 from kljax.train.state import TrainState
 from kljax.train.step import StepSettings, score, train_step
 from kljax.verdicts.objective import RunObjective, describe_objective
@@ -157,10 +157,9 @@ def expected_updates(kl: KLConfig, rl: RLConfig, seed: int = 0, lr: float = 1.0)
         if prob == 0.0:
             continue
         forced.rows = np.asarray(rows)
-        batch, _ = rollout([Example("0", "", "toy", "train", "0")], None, _Tokens(), sampler_params=params,
-                           params=params, ref_params=ref, model_config=forced, rl=rl, kl=kl, beta=kl.beta,
-                           prompt_format="raw", key=jax.random.PRNGKey(0), score_fn=score_fn,
-                           stop_token_ids=(STOP,), pad_id=0, reward_fn=rewards)
+        setup = RolloutSetup(None, _Tokens(), forced, rl, kl, score_fn, (STOP,), 0, reward_fn=rewards)
+        batch, _ = rollout(setup, [Example("0", "", "toy", "train", "0")], sampler_params=params, params=params,
+                           ref_params=ref, beta=kl.beta, key=jax.random.PRNGKey(0))
         state1, _ = step(state0, batch, ref)
         state2, _ = step(state1, batch, ref)
         g1 = g1 + prob * (flat(state0.params) - flat(state1.params)) / lr

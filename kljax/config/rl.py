@@ -4,10 +4,11 @@ staleness, micro-batching; and the rule for the temperature of the policy a samp
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from kljax.errors import UserError
-from kljax.rl.advantages import METHODS, MIN_GROUP
+from kljax.rl.advantages import METHODS, MIN_GROUP, SCALES
 from kljax.rl.objective import DEFAULT_AGGREGATION, check_aggregation
 
 
@@ -43,10 +44,15 @@ class RLConfig:
     The batch is prompts_per_step x group_size sequences of at most max_prompt_len + max_new_tokens
     tokens; min_p keeps tokens with p >= min_p * p_max (after temperature, top-k, top-p); stop holds
     strings or token ids that end a response like EOS. reuse_sampler_logprobs: when the sampler is
-    the policy (`rollout.sampler_is_policy`), take log pi of the sampled tokens from it instead of a
+    the policy (`kljax.train.rollout.sampler_is_policy`), take log pi of the sampled tokens from it instead of a
     second forward pass (float32 only). clip_ratio_c: dual-clip PPO bound (> 1) or None.
-    advantage_std_eps: grpo divides by the group std + this. sampler_chunk: prompts the sampler
-    generates at once (bounds its KV cache; 0: all of them).
+    advantage_std_eps: grpo divides by the group std + this; advantage_scale: that std is the
+    group's ("group") or the whole batch's ("batch", TRL's scale_rewards="batch"). sampler_chunk:
+    prompts the sampler generates at once (bounds its KV cache; 0: all of them).
+    repetition_penalty: the sampler divides a positive logit (multiplies a negative one) of every
+    token already in the prompt or response by it, before the temperature (transformers'; 1: off).
+    mask_truncated: responses that end without a stop (cut at max_new_tokens) leave the loss
+    (their rewards still enter the group's baseline), as TRL's mask_truncated_completions.
     """
 
     advantage: str = "rloo"
@@ -69,6 +75,9 @@ class RLConfig:
     clip_ratio_c: float | None = None
     advantage_std_eps: float = 1e-4
     sampler_chunk: int = 0
+    advantage_scale: str = "group"
+    repetition_penalty: float = 1.0
+    mask_truncated: bool = False
 
     @property
     def batch_size(self) -> int:
@@ -111,6 +120,13 @@ class RLConfig:
             raise UserError(f"rl.clip_ratio_c={self.clip_ratio_c} must be > 1 (or None: no dual clip)")
         if not self.advantage_std_eps >= 0:
             raise UserError(f"rl.advantage_std_eps={self.advantage_std_eps} must be >= 0")
+        if self.advantage_scale not in SCALES:
+            raise UserError(f"rl.advantage_scale={self.advantage_scale!r} is not valid; choose one of {list(SCALES)}")
+        if self.advantage_scale != "group" and self.advantage != "grpo":
+            raise UserError(f"rl.advantage_scale={self.advantage_scale!r} picks grpo's std; rl.advantage="
+                            f"{self.advantage!r} divides by none (set rl.advantage=grpo)")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise UserError(f"rl.repetition_penalty={self.repetition_penalty} must be > 0 (1: off)")
         if self.sampler_chunk < 0 or (0 < self.sampler_chunk < self.prompts_per_step
                                       and self.prompts_per_step % self.sampler_chunk):
             raise UserError(f"rl.sampler_chunk={self.sampler_chunk} must divide rl.prompts_per_step="

@@ -15,6 +15,8 @@ baseline and scale see the task reward alone and the per-token KL is added after
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
@@ -22,7 +24,20 @@ Array = jax.Array
 
 METHODS = ("rloo", "grpo", "dr_grpo")
 MIN_GROUP = {"rloo": 2, "grpo": 2, "dr_grpo": 1}
+SCALES = ("group", "batch")  # grpo's std: of the sample's group, or of the whole batch (TRL's scale_rewards)
 DEFAULT_STD_EPS = 1e-4  # grpo's s_i = std + eps: TRL's 1e-4 (verl uses 1e-6; `rl.advantage_std_eps`)
+
+
+@dataclasses.dataclass(frozen=True)
+class Baseline:
+    """How returns become advantages: `method` (rloo, grpo, dr_grpo) over groups of `group_size`
+    samples; grpo divides by the std of the group (`scale` "group") or of the whole batch ("batch",
+    TRL's scale_rewards="batch"), plus `std_eps`."""
+
+    method: str = "rloo"
+    group_size: int = 4
+    std_eps: float = DEFAULT_STD_EPS
+    scale: str = "group"
 
 
 def _groups(rewards_b: Array, group_size: int) -> Array:
@@ -33,12 +48,13 @@ def _groups(rewards_b: Array, group_size: int) -> Array:
 
 
 def baseline_and_scale(
-    rewards_b: Array, group_size: int, method: str = "rloo", eps: float = DEFAULT_STD_EPS
+    rewards_b: Array, group_size: int, method: str = "rloo", eps: float = DEFAULT_STD_EPS, scale: str = "group"
 ) -> tuple[Array, Array]:
     """Per-sample (baseline [B], scale [B]).
 
     rloo:    b_i = mean of the other G-1 rewards of the group; s_i = 1 (unbiased: b_i is independent of y_i).
-    grpo:    b_i = group mean; s_i = group std (ddof=1, as TRL and verl) + eps (TRL: 1e-4, verl: 1e-6).
+    grpo:    b_i = group mean; s_i = group std (ddof=1, as TRL and verl) + eps (TRL: 1e-4, verl: 1e-6);
+             with scale "batch" the std of the whole batch's rewards (TRL's scale_rewards="batch").
     dr_grpo: b_i = group mean; s_i = 1 (no std normalization; use loss aggregation
              'seq-mean-token-sum-norm' for its constant length normalizer).
     """
@@ -52,8 +68,10 @@ def baseline_and_scale(
     if method == "rloo":
         baseline = (jnp.sum(r_pg, axis=1, keepdims=True) - r_pg) / (group_size - 1)
         return baseline.reshape(-1), ones.reshape(-1)
+    if scale not in SCALES:
+        raise ValueError(f"unknown advantage scale {scale!r}; choose one of {list(SCALES)}")
     if method == "grpo":
-        std = jnp.std(r_pg, axis=1, keepdims=True, ddof=1)
+        std = jnp.std(r_pg, axis=1, keepdims=True, ddof=1) if scale == "group" else jnp.std(r_pg, ddof=1)
         return mean_pg.reshape(-1), jnp.broadcast_to(std + eps, r_pg.shape).reshape(-1)
     return mean_pg.reshape(-1), ones.reshape(-1)
 
@@ -65,10 +83,11 @@ def equal_groups(rewards_b: Array, group_size: int) -> Array:
     return jnp.repeat(equal_p, group_size)
 
 
-def advantages(rewards_b: Array, group_size: int, method: str = "rloo", eps: float = DEFAULT_STD_EPS) -> Array:
+def advantages(rewards_b: Array, group_size: int, method: str = "rloo", eps: float = DEFAULT_STD_EPS,
+               scale: str = "group") -> Array:
     """Sequence-level advantages (R_i - b_i) / s_i, [B]; 0 for grpo's groups of equal rewards."""
-    baseline, scale = baseline_and_scale(rewards_b, group_size, method, eps)
-    a = (_groups(rewards_b, group_size).reshape(-1) - baseline) / scale
+    baseline, s = baseline_and_scale(rewards_b, group_size, method, eps, scale)
+    a = (_groups(rewards_b, group_size).reshape(-1) - baseline) / s
     return jnp.where(equal_groups(rewards_b, group_size), 0.0, a) if method == "grpo" else a
 
 
@@ -81,6 +100,7 @@ def token_advantages(
     method: str = "rloo",
     eps: float = DEFAULT_STD_EPS,
     kl_in_baseline: bool = True,
+    scale: str = "group",
 ) -> Array:
     """Token-level advantages with the KL reward penalty folded in, [B, T].
 
@@ -91,10 +111,10 @@ def token_advantages(
     kl_in_baseline=False: A_it = advantages(task)_i - beta * penalty_bt[i, t] (see module doc).
     """
     if not kl_in_baseline:
-        a_b = advantages(task_rewards_b, group_size, method, eps)
+        a_b = advantages(task_rewards_b, group_size, method, eps, scale)
         return a_b[:, None] - beta * penalty_bt
     returns_b = task_rewards_b - beta * penalty_b
-    baseline, scale = baseline_and_scale(returns_b, group_size, method, eps)
+    baseline, s = baseline_and_scale(returns_b, group_size, method, eps, scale)
     token_returns = task_rewards_b[:, None] - beta * penalty_bt
-    a = (token_returns - baseline[:, None]) / scale[:, None]
+    a = (token_returns - baseline[:, None]) / s[:, None]
     return jnp.where(equal_groups(returns_b, group_size)[:, None], 0.0, a) if method == "grpo" else a

@@ -81,18 +81,27 @@ def denominator(mask_br: Array, aggregation: str) -> Array:
     return jnp.asarray(b, mask.dtype)
 
 
-def advantages_with_kl(
-    kl: KLConfig, task_rewards_b: Array, logp_br: Array, ref_logp_br: Array, mask_br: Array,
-    sampler_logp_br: Array | None, full_kl_br: Array | None, beta: float | Array, group_size: int, method: str,
-    std_eps: float = adv.DEFAULT_STD_EPS,
-) -> Array:
+@dataclasses.dataclass(frozen=True)
+class TokenLogProbs:
+    """Per response token [B, R]: the policy's log-probs, the reference's, the response mask, and
+    optionally the sampler's (off-policy) and the full-vocabulary KL of each position ('full')."""
+
+    logp_br: Array
+    ref_logp_br: Array
+    mask_br: Array
+    sampler_logp_br: Array | None = None
+    full_kl_br: Array | None = None
+
+
+def advantages_with_kl(kl: KLConfig, baseline: adv.Baseline, task_rewards_b: Array, logps: TokenLogProbs,
+                       beta: float | Array) -> Array:
     """Token advantages [B, R] (detached): the task reward minus beta times the reward-placed KL
     (credit applied), minus the group baseline, over the group scale (`kljax.rl.advantages`; the KL
     after them when kl.in_baseline is False)."""
-    terms = kl_terms(kl, logp_br, ref_logp_br, mask_br, sampler_logp_br, full_kl_br)
+    terms = kl_terms(kl, logps.logp_br, logps.ref_logp_br, logps.mask_br, logps.sampler_logp_br, logps.full_kl_br)
     return jax.lax.stop_gradient(
-        adv.token_advantages(task_rewards_b, terms.penalty_bt, terms.penalty_b, beta, group_size, method, std_eps,
-                             kl.in_baseline)
+        adv.token_advantages(task_rewards_b, terms.penalty_bt, terms.penalty_b, beta, baseline.group_size,
+                             baseline.method, baseline.std_eps, kl.in_baseline, baseline.scale)
     )
 
 
@@ -156,18 +165,16 @@ def kl_surrogate(
     return pg_b + kl_b
 
 
-def rl_loss(
-    objective: Objective, task_rewards_b: Array, logp_br: Array, sampler_logp_br: Array, ref_logp_br: Array,
-    mask_br: Array, beta: float | Array, group_size: int, method: str, full_kl_br: Array | None = None,
-    std_eps: float = adv.DEFAULT_STD_EPS, rollout_logp_br: Array | None = None,
-) -> Array:
+def rl_loss(objective: Objective, baseline: adv.Baseline, task_rewards_b: Array, logps: TokenLogProbs,
+            beta: float | Array, rollout_logp_br: Array | None = None) -> Array:
     """The whole loss of one batch, as the trainer takes it: advantages (detached) from the policy's
     log-probs when the batch was built, `rollout_logp_br` (the rollout computes the reward-placed KL
-    then, once per batch; default: logp_br's current value, the first update on a fresh batch), then
-    `loss_parts` / D. Scalar."""
-    rollout = logp_br if rollout_logp_br is None else rollout_logp_br
-    a = advantages_with_kl(objective.kl, task_rewards_b, jax.lax.stop_gradient(rollout), ref_logp_br, mask_br,
-                           sampler_logp_br, None if full_kl_br is None else jax.lax.stop_gradient(full_kl_br),
-                           beta, group_size, method, std_eps)
-    parts = loss_parts(objective, logp_br, sampler_logp_br, ref_logp_br, a, mask_br, jnp.asarray(beta), full_kl_br)
-    return parts.loss_sum / denominator(mask_br, objective.aggregation)
+    then, once per batch; default: logps.logp_br's current value, the first update on a fresh batch),
+    then `loss_parts` / D. logps.sampler_logp_br is required (the sampler's log-probs). Scalar."""
+    rollout = logps.logp_br if rollout_logp_br is None else rollout_logp_br
+    full = None if logps.full_kl_br is None else jax.lax.stop_gradient(logps.full_kl_br)
+    detached = dataclasses.replace(logps, logp_br=jax.lax.stop_gradient(rollout), full_kl_br=full)
+    a = advantages_with_kl(objective.kl, baseline, task_rewards_b, detached, beta)
+    parts = loss_parts(objective, logps.logp_br, logps.sampler_logp_br, logps.ref_logp_br, a, logps.mask_br,
+                       jnp.asarray(beta), logps.full_kl_br)
+    return parts.loss_sum / denominator(logps.mask_br, objective.aggregation)

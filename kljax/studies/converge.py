@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kljax.models.transformer import positions_from_mask
+from kljax.rl.advantages import Baseline
 from kljax.rl.kl import KLConfig
 from kljax.sampling.logits import SamplingParams
 from kljax.tasks.exact_optimum import ToyTask, exact_metrics, task_logps
@@ -86,8 +87,8 @@ def make_iteration(task: ToyTask, kl: KLConfig, run: RunSettings):
                         mask_br, res.response_logprobs_rn, jnp.zeros_like(mask_br), jnp.zeros_like(mask_br),
                         beta.astype(jnp.float32))
         scored = score(state.params, ref, partial, policy, full_kl=full)
-        batch = assemble_batch(partial, scored, rewards_pn[prompt_b, index_b], kl=kl, beta=beta, group_size=g,
-                               advantage="rloo")
+        batch = assemble_batch(partial, scored, rewards_pn[prompt_b, index_b], kl=kl, beta=beta,
+                               baseline=Baseline("rloo", g))
         if run.async_level:
             queue = jax.tree.map(lambda q, p: jnp.concatenate([q[1:], p[None]]), queue, state.params)
         state, step_metrics = train_step(state, batch, ref, settings=settings, tx=tx)

@@ -34,9 +34,9 @@ from kljax.models.config import ModelConfig
 from kljax.parallel.distributed import global_from_local_rows, local_rows
 from kljax.parallel.sharding import data_sharding
 from kljax.policies.protocol import as_policy
-from kljax.rl.advantages import DEFAULT_STD_EPS
+from kljax.rl.advantages import Baseline
 from kljax.rl.kl import KLConfig
-from kljax.rl.objective import advantages_with_kl
+from kljax.rl.objective import TokenLogProbs, advantages_with_kl
 from kljax.tasks import prompting
 from kljax.tasks.base import Example, Task
 from kljax.tasks.rewards import score_batch
@@ -92,30 +92,24 @@ def sampler_is_policy(rl: RLConfig, kl: KLConfig, model: Any) -> bool:
     """Whether a rollout takes log pi of the sampled tokens and the entropy from the sampler instead of
     a policy forward pass (`rl.reuse_sampler_logprobs`).
 
-    Exact when the sampler draws from pi itself: the current parameters (rl.async_level 0) and the
-    untruncated distribution at rl.temperature, which is the policy trained (`RLConfig.policy_temperature`:
-    pi = softmax(logits / T); greedy reports temperature-1 log-probs, pi's at T = 1), computed
-    in float32 (with top-k / top-p / min-p the sampler's distribution is a truncation, not pi:
-    re-scored). Its log-probs then equal teacher-forced ones to float rounding (< 1e-4,
-    `tests/test_sampling*.py`), so the second forward pass would recompute them. Not in a 16-bit
-    compute dtype: there the sampler's cached decode and the teacher-forced forward round
-    differently (SmolLM2-135M in bfloat16, 2048 sampled tokens: |delta log p| 0.028 on average, 0.55
-    at most, |sum over a response| 0.31 nats on average), and log pi - log pi_ref would carry that
-    difference into every KL estimate: a KL penalty in the reward, the logged k1/k2/k3 and
-    kl_seq (adaptive beta's input), nonzero where the policy still equals the reference. So the
-    batch is re-scored. (The importance ratios are not affected either way: they always divide by
-    the sampler's own log-probs, the distribution actually sampled from.) kl.estimator='full'
-    needs the policy's hidden states anyway and always re-scores.
+    Exact when the sampler draws from pi itself: the current parameters (rl.async_level 0), the
+    whole distribution at rl.temperature, which is the policy trained (`RLConfig.policy_temperature`;
+    greedy reports temperature-1 log-probs), nothing truncated or penalized (`sampler_changes_policy`),
+    computed in float32: its log-probs then equal teacher-forced ones to float rounding
+    (`tests/test_sampling*.py`). In a 16-bit compute dtype the cached decode and the teacher-forced
+    forward round differently, and log pi - log pi_ref would carry that into every KL estimate, so
+    the batch is re-scored (docs/performance.md). kl.estimator='full' needs the policy's hidden
+    states and always re-scores. Importance ratios always divide by the sampler's own log-probs.
     """
-    untruncated = rl.temperature == 0.0 or not sampler_truncates(rl)
+    unchanged = rl.temperature == 0.0 or not sampler_changes_policy(rl)
     exact = getattr(model, "jnp_dtype", jnp.float32) == jnp.float32
-    return rl.reuse_sampler_logprobs and rl.async_level == 0 and untruncated and exact and kl.estimator != "full"
+    return rl.reuse_sampler_logprobs and rl.async_level == 0 and unchanged and exact and kl.estimator != "full"
 
 
-def sampler_truncates(rl: RLConfig) -> bool:
-    """Whether the sampler draws from a truncation of the policy (top-k, top-p or min-p on): then it
-    is not the policy, and tokens outside its support are never drawn."""
-    return rl.top_p < 1.0 or rl.top_k > 0 or getattr(rl, "min_p", 0.0) > 0.0
+def sampler_changes_policy(rl: RLConfig) -> bool:
+    """Whether the sampler draws from something other than the policy: a truncation (top-k, top-p or
+    min-p on: tokens outside its support are never drawn) or a repetition penalty."""
+    return rl.top_p < 1.0 or rl.top_k > 0 or rl.min_p > 0.0 or rl.repetition_penalty != 1.0
 
 
 def policy_scored_in_update(rl: RLConfig, kl: KLConfig, model: Any) -> bool:
@@ -150,8 +144,13 @@ def decode_responses(tokenizer: Any, tokens_rn: np.ndarray, mask_rn: np.ndarray)
     ]
 
 
+def baseline_of(rl: RLConfig) -> Baseline:
+    """The advantage baseline of a run's RL settings."""
+    return Baseline(rl.advantage, rl.group_size, rl.advantage_std_eps, rl.advantage_scale)
+
+
 def assemble_batch(partial: Batch, scored: dict[str, Array], rewards_b: Array, *, kl: KLConfig, beta: float | Array,
-                   group_size: int, advantage: str, std_eps: float = DEFAULT_STD_EPS) -> Batch:
+                   baseline: Baseline) -> Batch:
     """The train batch from a scored one: the reference log-probs and the advantages with the
     reward-placed KL folded in (`kljax.rl.objective.advantages_with_kl`). Pure (jit/vmap it).
 
@@ -159,52 +158,54 @@ def assemble_batch(partial: Batch, scored: dict[str, Array], rewards_b: Array, *
     (`policy_scored_in_update`: then no KL is in the reward), "logp" (and "full_kl" for 'full')."""
     b, r = partial.response_mask_br.shape
     if "logp" in scored:
-        a = advantages_with_kl(kl, rewards_b, scored["logp"], scored["ref_logp"], partial.response_mask_br,
-                               partial.sampler_logp_br, scored.get("full_kl"), beta, group_size, advantage, std_eps)
+        logps = TokenLogProbs(scored["logp"], scored["ref_logp"], partial.response_mask_br, partial.sampler_logp_br,
+                              scored.get("full_kl"))
+        a = advantages_with_kl(kl, baseline, rewards_b, logps, beta)
     else:
-        none = KLConfig(placement="none")
         zeros = jnp.zeros((b, r), jnp.float32)
-        a = advantages_with_kl(none, rewards_b, zeros, zeros, partial.response_mask_br, None, None, beta,
-                               group_size, advantage, std_eps)
+        logps = TokenLogProbs(zeros, zeros, partial.response_mask_br)
+        a = advantages_with_kl(KLConfig(placement="none"), baseline, rewards_b, logps, beta)
     return dataclasses.replace(partial, ref_logp_br=scored["ref_logp"], advantages_br=a)
 
 
-def rollout(
-    examples: Sequence[Example],
-    task: Task,
-    tokenizer: Any,
-    *,
-    sampler_params: Any,
-    params: Any,
-    ref_params: Any,
-    model_config: Any,
-    rl: RLConfig,
-    kl: KLConfig,
-    beta: float,
-    prompt_format: str,
-    key: Array,
-    score_fn: Callable[[Any, Any, Batch], dict[str, Array]],
-    stop_token_ids: tuple[int, ...],
-    pad_id: int,
-    place: Callable[[Batch], Batch] = lambda b: b,
-    mesh: Any = None,
-    reward_fn: Callable[[Sequence[Example], Sequence[str]], Any] | None = None,
-) -> tuple[Batch, RolloutInfo]:
-    """Sample G responses per example with `sampler_params`, score and reward them, and build the batch.
+@dataclasses.dataclass(frozen=True)
+class RolloutSetup:
+    """What every rollout of a run shares: the task and tokenizer, the policy's model (a `ModelConfig`
+    or a policy object, `kljax.policies`), the RL and KL settings, the prompt format, the scoring
+    function `score_fn(params, ref_params, batch)`, the stop ids and pad id, where a batch is placed
+    (`place`), the mesh, and the reward (`reward_fn(examples, completions, completion_ids) ->
+    RewardResult`, `kljax.train.reward_set.RewardSet`; None: the task's own)."""
 
-    `reward_fn(examples, completions, completion_ids) -> RewardResult` (`kljax.train.reward_set.RewardSet`)
-    replaces the
-    task's own reward when given."""
+    task: Task
+    tokenizer: Any
+    model_config: Any
+    rl: RLConfig
+    kl: KLConfig
+    score_fn: Callable[[Any, Any, Batch], dict[str, Array]]
+    stop_token_ids: tuple[int, ...]
+    pad_id: int
+    prompt_format: str = "raw"
+    place: Callable[[Batch], Batch] = lambda b: b
+    mesh: Any = None
+    reward_fn: Callable[[Sequence[Example], Sequence[str], Any], Any] | None = None
+
+
+def rollout(setup: RolloutSetup, examples: Sequence[Example], *, sampler_params: Any, params: Any, ref_params: Any,
+            beta: float, key: Array) -> tuple[Batch, RolloutInfo]:
+    """Sample G responses per example with `sampler_params`, reward them, score them with `params`
+    (the policy) and `ref_params`, and build the batch at KL coefficient `beta`."""
+    task, tokenizer, model_config, rl, kl = setup.task, setup.tokenizer, setup.model_config, setup.rl, setup.kl
+    mesh, reward_fn = setup.mesh, setup.reward_fn
     times = {}
     t0 = time.perf_counter()
-    texts = prompt_texts(examples, task, tokenizer, prompt_format)
-    prompt_ids, prompt_mask = encode_prompts(texts, tokenizer, rl.max_prompt_len, pad_id)
+    texts = prompt_texts(examples, task, tokenizer, setup.prompt_format)
+    prompt_ids, prompt_mask = encode_prompts(texts, tokenizer, rl.max_prompt_len, setup.pad_id)
     reuse = sampler_is_policy(rl, kl, model_config)  # then score_fn runs the reference only (`run_build.build`)
     stops = run_stops(rl.stop, tokenizer, model_config)  # rl.stop: strings or ids that end a response like EOS
     params_s = sampling.SamplingParams(
         temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k, min_p=rl.min_p, max_new_tokens=rl.max_new_tokens,
-        stop_token_ids=tuple(stop_token_ids) + stops.token_ids, stop_sequences=stops.sequences, n=rl.group_size,
-        entropy=reuse, chunk=rl.sampler_chunk,
+        stop_token_ids=tuple(setup.stop_token_ids) + stops.token_ids, stop_sequences=stops.sequences,
+        n=rl.group_size, entropy=reuse, chunk=rl.sampler_chunk, repetition_penalty=rl.repetition_penalty,
     )
     result = as_policy(model_config).sample(sampler_params, prompt_ids, prompt_mask, key, params_s, mesh=mesh)
     response_tokens, response_mask = result.response_tokens_rn, result.response_mask_rn
@@ -237,18 +238,18 @@ def rollout(
     times["reward"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    partial = place(Batch(
+    loss_mask = response_mask & result.stopped_r[:, None] if rl.mask_truncated else response_mask
+    partial = setup.place(Batch(
         tokens_bs=result.sequence_tokens_rs, mask_bs=result.sequence_mask_rs,
-        positions_bs=result.sequence_positions_rs, response_mask_br=response_mask.astype(jnp.float32),
+        positions_bs=result.sequence_positions_rs, response_mask_br=loss_mask.astype(jnp.float32),
         sampler_logp_br=jnp.asarray(result.response_logprobs_rn, jnp.float32),
         ref_logp_br=jnp.zeros((b, r), jnp.float32), advantages_br=jnp.zeros((b, r), jnp.float32),
         beta=jnp.float32(beta),
     ))
-    scored = score_fn(params, ref_params, partial)
+    scored = setup.score_fn(params, ref_params, partial)
     if reuse:  # the sampler drew from pi: its log-probs and entropy are the policy's
         scored = dict(scored, logp=partial.sampler_logp_br, entropy=jnp.asarray(result.response_entropy_rn))
-    batch = assemble_batch(partial, scored, rewards_b, kl=kl, beta=beta, group_size=g, advantage=rl.advantage,
-                           std_eps=rl.advantage_std_eps)
+    batch = assemble_batch(partial, scored, rewards_b, kl=kl, beta=beta, baseline=baseline_of(rl))
     # The scoring and advantages were only dispatched (JAX runs them asynchronously); wait for them, or their
     # device time would be charged to whatever blocks next (the train step's time_update). Nothing is lost
     # by waiting but the train step's dispatch latency: that step needs this batch before it can start anyway.

@@ -36,7 +36,7 @@ from kljax.train.memory_check import check_train_fits
 from kljax.train.policy import Policy, load_policy
 from kljax.train.reward_model_run import reward_from_config
 from kljax.train.reward_set import RewardSet, reward_functions
-from kljax.train.rollout import policy_scored_in_update, run_stops, sampler_is_policy
+from kljax.train.rollout import RolloutSetup, policy_scored_in_update, run_stops, sampler_is_policy
 from kljax.train.step import StepSettings, batch_shardings, score, train_step
 
 
@@ -73,6 +73,13 @@ class Run:
 
     def place(self, batch: Any) -> Any:
         return jax.device_put(batch, batch_shardings(batch, self.mesh))
+
+    @property
+    def rollout_setup(self) -> RolloutSetup:
+        """What each of the run's rollouts shares (`kljax.train.rollout.rollout`)."""
+        c, p = self.config, self.policy
+        return RolloutSetup(self.task, p.tokenizer, p.model, c.rl, c.kl, self.score_fn, p.stop_token_ids, p.pad_id,
+                            c.task.prompt_format, self.place, self.mesh, self.reward)
 
 
 def check_something_scores(config: RunConfig) -> None:

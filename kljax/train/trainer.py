@@ -141,14 +141,8 @@ def iteration(run: Run, state: st.TrainState, ref_params: Any, step: int, *, bet
     if run.reward is not None:  # TRL's `trainer_state` argument of the reward functions
         run.reward.state = trainer_state(run.task, config.task.split, step,
                                          step * rl.prompts_per_step + run.data_offset, config.steps)
-    batch, info = rollout(
-        examples, run.task, run.policy.tokenizer, sampler_params=sampler_params,
-        params=run.policy_params(state.params),
-        ref_params=ref_params, model_config=run.policy.model, rl=rl, kl=kl, beta=beta,
-        prompt_format=config.task.prompt_format, key=key, score_fn=run.score_fn,
-        stop_token_ids=run.policy.stop_token_ids, pad_id=run.policy.pad_id, place=run.place, mesh=run.mesh,
-        reward_fn=run.reward,
-    )
+    batch, info = rollout(run.rollout_setup, examples, sampler_params=sampler_params,
+                          params=run.policy_params(state.params), ref_params=ref_params, beta=beta, key=key)
     queue = collections.deque(snapshots, maxlen=max(rl.async_level, 1))  # a new one: the caller's is left as is
     if rl.async_level:
         queue.append(frozen_copy(state.params, run.policy.model))  # before the train step donates them

@@ -122,12 +122,10 @@ def _trl_grpo(v: dict[str, Any], notes: _Notes) -> RunObjective:
             notes.append(text + " (num_iterations=1: every update is)")
     scale = {True: "group", False: "none"}.get(v["scale_rewards"], v["scale_rewards"])
     advantage = "dr_grpo" if scale == "none" else "grpo"
-    if scale == "batch":
-        notes.approx("scale_rewards='batch' divides by the whole batch's reward std; kljax's grpo divides by the "
-                     "group's (docs/audit.md: cosine 0.65-0.88 on-policy on the reference input)")
     low, high = _clip(v["epsilon"], v["epsilon_high"])
     return RunObjective(kl, aggregation, advantage, v["num_generations"], low, high, v["num_iterations"],
-                        max_new_tokens=v["max_completion_length"], std_eps=TRL_STD_EPS)
+                        max_new_tokens=v["max_completion_length"], std_eps=TRL_STD_EPS,
+                        advantage_scale="batch" if scale == "batch" else "group")
 
 
 def _trl_rloo(v: dict[str, Any], notes: _Notes) -> RunObjective:
@@ -352,6 +350,8 @@ def overrides(run: RunObjective) -> list[str]:
         flags["rl.clip_ratio_c"] = run.clip_ratio_c
     if run.advantage == "grpo":
         flags["rl.advantage_std_eps"] = run.std_eps
+        if run.advantage_scale != "group":
+            flags["rl.advantage_scale"] = run.advantage_scale
     if run.max_new_tokens is not None:
         flags["rl.max_new_tokens"] = run.max_new_tokens
     return [f"--config.{k}={v}" for k, v in flags.items()]

@@ -22,8 +22,9 @@ prefix distribution: biased. Only a KL part with an exact sequence weight stays 
 The sampler is part of the objective. The policy trained is the tempered one, as in TRL and verl:
 pi = softmax(logits / T) at T = rl.temperature, and pi_ref = softmax(ref_logits / T), so J above
 is J_T = E_{pi_T}[R] - beta KL(pi_T || pi_ref,T) and a sampler at any temperature T > 0 is on-policy
-(its log-probs are pi_T's). A sampler that truncates (top-k, top-p, min-p) is not the policy: it
-never draws the tokens it cuts, which no importance ratio corrects: biased. Greedy decoding
+(its log-probs are pi_T's). A sampler that truncates (top-k, top-p, min-p) or penalizes repeats is not
+the policy: it never draws the tokens it cuts (or draws repeats less often), which no importance
+ratio corrects: biased. Leaving truncated responses out of the loss (rl.mask_truncated) is biased. Greedy decoding
 (T = 0) samples nothing: biased.
 Each claim is checked by exact enumeration through the real train step
 (tests/test_objective_exact.py) and through the real rollout with the shipped default's settings
@@ -67,6 +68,9 @@ class RunObjective:
     min_p: float = 0.0
     clip_ratio_c: float | None = None
     std_eps: float = DEFAULT_STD_EPS
+    advantage_scale: str = "group"
+    repetition_penalty: float = 1.0
+    mask_truncated: bool = False
 
     def __post_init__(self) -> None:
         check_aggregation(self.aggregation)
@@ -76,13 +80,16 @@ class RunObjective:
         """From a `kljax.config.RLConfig` (or anything with its field names)."""
         return cls(kl, rl.loss_aggregation, rl.advantage, rl.group_size, rl.clip_low, rl.clip_high,
                    rl.updates_per_batch, rl.async_level, rl.max_new_tokens, task_reward, rl.temperature, rl.top_p,
-                   rl.top_k, float(getattr(rl, "min_p", 0.0)), rl.clip_ratio_c, rl.advantage_std_eps)
+                   rl.top_k, float(getattr(rl, "min_p", 0.0)), rl.clip_ratio_c, rl.advantage_std_eps,
+                   getattr(rl, "advantage_scale", "group"), float(getattr(rl, "repetition_penalty", 1.0)),
+                   bool(getattr(rl, "mask_truncated", False)))
 
     @property
     def truncation(self) -> str:
-        """The sampler's truncations in words ("" when it draws from the whole tempered policy)."""
+        """The sampler's truncations and penalty in words ("" when it draws from the whole tempered policy)."""
         cut = [f"top_p={self.top_p}" if self.top_p < 1 else "", f"top_k={self.top_k}" if self.top_k > 0 else "",
-               f"min_p={self.min_p}" if self.min_p > 0 else ""]
+               f"min_p={self.min_p}" if self.min_p > 0 else "",
+               f"repetition_penalty={self.repetition_penalty:g}" if self.repetition_penalty != 1 else ""]
         return ", ".join(c for c in cut if c)
 
     @property
@@ -139,8 +146,12 @@ def describe_objective(run: RunObjective) -> ObjectiveDescription:
         reasons.append("greedy decoding (rl.temperature=0) draws the most likely response, not a sample of the "
                        "policy: no score-function gradient is an expectation under it")
     elif run.truncation:
-        reasons.append(f"the sampler truncates the policy ({run.truncation}): it never draws the tokens it cuts, "
-                       "and the per-token ratios pi/mu of the tokens it draws do not correct for them")
+        reasons.append(f"the sampler is not the policy ({run.truncation}): it never draws the tokens it cuts or "
+                       "draws repeats less often, and the per-token ratios pi/mu of the tokens it draws do not "
+                       "correct for that")
+    if run.mask_truncated:
+        reasons.append("rl.mask_truncated leaves the responses cut at max_new_tokens out of the loss: the gradient "
+                       "is taken over the responses that stopped only")
 
     # The aggregation's constant, or its length weighting.
     agg_scale: Fraction | None = Fraction(1)
@@ -158,7 +169,8 @@ def describe_objective(run: RunObjective) -> ObjectiveDescription:
     if run.advantage == "dr_grpo":
         c_adv = Fraction(run.group_size - 1, run.group_size)
     elif run.advantage == "grpo" and through_advantages:
-        reasons.append("advantage='grpo' divides by the group's reward std, which depends on the sample itself")
+        whose = "group's" if run.advantage_scale == "group" else "batch's"
+        reasons.append(f"advantage='grpo' divides by the {whose} reward std, which depends on the sample itself")
 
     c = c_adv if run.task_reward else Fraction(1)  # the scale J's gradient must carry
     if stale:
@@ -214,6 +226,8 @@ def describe_objective(run: RunObjective) -> ObjectiveDescription:
         name += f" / T {run.temperature:g}"
     if run.truncation:
         name += f" / {run.truncation}"
+    if run.mask_truncated:
+        name += " / mask truncated"
     if verdict == "biased":
         warning = (f"the objective {name!r} is biased: its expected gradient is {gradient}. It is allowed (studies "
                    "need it); `kljax kl-configs` lists the unbiased settings.")

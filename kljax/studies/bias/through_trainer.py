@@ -26,6 +26,7 @@ import optax
 
 from kljax.models.transformer import positions_from_mask
 from kljax.policies.tabular import TabularPolicy, all_responses
+from kljax.rl.advantages import Baseline
 from kljax.rl.kl import KLConfig
 from kljax.train.rollout import assemble_batch
 from kljax.train.state import TrainState
@@ -113,7 +114,7 @@ def expected_update(
         full = settings.kl.estimator == "full" and settings.kl.placement != "none"
         scored = score(params, ref_params, partial, space.policy, full_kl=full)
         batch = assemble_batch(partial, scored, rewards_pn[prompt_b, index_b], kl=settings.kl, beta=beta,
-                               group_size=g, advantage=advantage)
+                               baseline=Baseline(advantage, g))
         new_state, _ = train_step(state, batch, ref_params, settings=settings, tx=tx)
         return jax.flatten_util.ravel_pytree(jax.tree.map(jnp.subtract, params, new_state.params))[0]
 
