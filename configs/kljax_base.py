@@ -19,6 +19,7 @@ def base() -> ml_collections.ConfigDict:
     c.max_nonfinite_steps = 5  # stop after this many consecutive steps with a non-finite loss or gradient
     c.eval_every = 0  # 0: evaluate only before and after the run
     c.eval_examples = 64
+    c.eval_samples = 4  # samples per problem at rl.temperature for the sampled accuracy (0: greedy only)
     c.model = ml_collections.ConfigDict(
         dict(
             # "tiny" (random init), "default" (SmolLM2-135M-Instruct), an HF checkpoint dir, or "tabular"

@@ -119,7 +119,9 @@ def test_eval_cli_tiny_equals_its_export(tmp_path):
 
 def test_eval_checkpoint_matches_trainer(tmp_path, capsys):
     """A `kljax train` workdir (async level 2, so the checkpoint also holds sampler snapshots):
-    restore_params gives the trained params, and greedy eval reproduces the trainer's eval_after."""
+    restore_params gives the trained params, and `kljax eval` reproduces the trainer's eval_after: the
+    same problems, greedy and sampled answers, intervals; eval_after pairs with eval_before problem
+    by problem."""
     from kljax.train.trainer import train
 
     config = apply_overrides(load_config("configs/tiny.py"),
@@ -129,7 +131,6 @@ def test_eval_checkpoint_matches_trainer(tmp_path, capsys):
     assert step == 2
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(summary["params"]), jax.device_get(params))
     out = tmp_path / "eval.json"
-    # k = group size: the sampled pass reuses the shapes (and compilations) of the trainer's rollout.
     assert cli_main(["eval", "--checkpoint", str(tmp_path / "run"), "--k", "4", "--json", str(out), *MESH,
                      "--no-progress"]) == 0
     assert "greedy" in capsys.readouterr().out
@@ -142,3 +143,16 @@ def test_eval_checkpoint_matches_trainer(tmp_path, capsys):
         assert r["greedy_accuracy"] == pytest.approx(values["accuracy"])
         assert r["greedy_reward"] == pytest.approx(values["reward"])  # partial credit: a sharp comparison
         assert r["domain"] == "in"
+        assert r["greedy"] == values["greedy"] and r["sampled"] == values["sampled"]
+        assert r["problems"] == values["problems"] and r["sampled"]["k"] == 4 and r["sampled"]["n"] == 16
+        for kind in ("greedy", "sampled"):
+            entry = values[kind]
+            assert set(entry) >= {"accuracy", "ci95", "n"} and entry["ci95"][0] <= entry["accuracy"] <= entry["ci95"][1]
+    before = json.loads((tmp_path / "run" / "eval_before.json").read_text())
+    for split, values in after.items():
+        assert values["problems"]["ids"] == before[split]["problems"]["ids"]  # the same problems, in order
+        for kind in ("greedy", "sampled"):
+            change = values["delta_vs_before"][kind]
+            after_mean, before_mean = (float(np.mean(e["problems"][kind])) for e in (values, before[split]))
+            assert change["diff"] == pytest.approx(after_mean - before_mean)
+            assert change["ci95"][0] <= change["diff"] <= change["ci95"][1]

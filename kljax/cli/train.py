@@ -16,7 +16,9 @@ ACCEPTS_CONFIG_OVERRIDES = True
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None,
-                        help="config file with get_config() (default: configs/default.py, SmolLM2 on arithmetic)")
+                        help="a config: a .py file with get_config(), or a .yaml/.json file of the fields to change "
+                             "(nested or dotted), or a run's config.json (default: configs/default.py, SmolLM2 on "
+                             "arithmetic)")
     parser.add_argument("--workdir", required=True, help="directory for checkpoints, metrics and evaluations")
     parser.add_argument("--resume", nargs="?", const="latest", default=None, choices=["latest", "auto", "strict"],
                         help="continue from the newest intact checkpoint in --workdir (none: an error); "
@@ -70,17 +72,22 @@ def run(args: argparse.Namespace) -> int:
     if "stopped_at" in summary:
         print(f"stopped after step {summary['stopped_at']}; continue with --resume")
         return 0
-    if summary["after"]:
-        print("evaluation (greedy accuracy) before -> after:")
-    for split, after in summary["after"].items():
-        before = summary["before"].get(split, {}).get("accuracy", float("nan"))
-        print(f"  {split:<14} {before:.3f} -> {after['accuracy']:.3f}  (n={after['n']})")
+    if summary["after"]:  # before, after and the paired change, with 95% intervals (kljax.train.eval_table)
+        from kljax.train.eval_table import change_table, kl_line
+
+        print("evaluation before -> after (greedy, and the policy trained: samples at rl.temperature):")
+        print("\n".join(change_table(summary["before"], summary["after"])))
+        kl = kl_line(result.metrics)
+        if kl:
+            print(kl)
     exact = summary.get("exact")
     if exact:  # a task with an exact optimum (toy_optimum)
         print(f"exact gap to pi* (beta KL(pi || pi*)): {exact['before']:.4g} -> {exact['after']:.4g}")
     from kljax.train.run_outputs import output_lines
 
     print("\n".join(output_lines(args.workdir)))  # where the outputs are, and the next commands to try
-    print(json.dumps({"workdir": str(args.workdir), "after": summary["after"],
+    from kljax.train.eval_table import brief
+
+    print(json.dumps({"workdir": str(args.workdir), "after": brief(summary["after"]),
                       **({"exact_gap": exact} if exact else {})}))
     return 0

@@ -36,7 +36,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from kljax import sampling
+from kljax.train import evaluate_loop
+from kljax.train.rollout import prompt_texts
 
 # ------------------------------------------------------------------------------------------ estimators
 
@@ -72,7 +73,8 @@ def mean_at_k(correct_pn: np.ndarray) -> float:
 class EvalSettings:
     """k: the k of pass@k and mean@k; n_samples: samples per prompt (>= k; default k); n_examples per
     split; sampling temperature/top_p/top_k; prompt and response buffer sizes; batch_size: sequences
-    per sampler call (prompts * samples); prompt_format: chat, plain or raw; seed: examples and keys."""
+    per sampler call (prompts * samples); prompt_format: chat, plain or raw; seed: examples and keys;
+    stop: rl.stop (strings or ids that end a response, as in training)."""
 
     k: int = 4
     n_samples: int | None = None
@@ -85,6 +87,7 @@ class EvalSettings:
     batch_size: int = 32
     prompt_format: str = "chat"
     seed: int = 0
+    stop: tuple[str | int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.k < 1:
@@ -105,8 +108,8 @@ class EvalSettings:
         values = dict(
             n_examples=int(config.eval_examples), temperature=float(rl.temperature), top_p=float(rl.top_p),
             top_k=int(rl.top_k), max_prompt_len=int(rl.max_prompt_len), max_new_tokens=int(rl.max_new_tokens),
-            batch_size=int(rl.prompts_per_step) * int(rl.group_size), prompt_format=str(config.task.prompt_format),
-            seed=int(config.seed),
+            batch_size=evaluate_loop.EVAL_ROWS_PER_CALL, prompt_format=str(config.task.prompt_format),
+            seed=int(config.seed), stop=tuple(rl.get("stop", ()) or ()),
         )
         values.update({k: v for k, v in changes.items() if v is not None})
         return cls(**values)
@@ -260,62 +263,34 @@ def restore_params(workdir: str | Path, step: int | None = None, mesh: Any = Non
 # ------------------------------------------------------------------------------------------ evaluation
 
 
-def _shards(mesh: Any) -> int:
-    return 1 if mesh is None else int(mesh.shape["data"] * mesh.shape["fsdp"])
-
-
-def complete(policy: Any, params: Any, texts: Sequence[str], params_s: sampling.SamplingParams, key: jax.Array,
-             prompts_per_call: int, max_prompt_len: int, mesh: Any = None, bar: Any = None) -> list[list[str]]:
-    """`params_s.n` completions of each text, `prompts_per_call` prompts per sampler call (the last call
-    padded with copies of its last prompt, so every call has the same shape and compiles once)."""
-    from kljax.train.rollout import decode_responses, encode_prompts
-
-    shards = _shards(mesh)
-    per_call = max(shards, -(-prompts_per_call // shards) * shards)
-    out: list[list[str]] = []
-    for b, i in enumerate(range(0, len(texts), per_call)):
-        chunk = list(texts[i : i + per_call])
-        padded = chunk + [chunk[-1]] * (per_call - len(chunk))
-        ids, mask = encode_prompts(padded, policy.tokenizer, max_prompt_len, policy.pad_id)
-        result = sampling.generate(params, policy.model, ids, mask, jax.random.fold_in(key, b), params_s, mesh=mesh)
-        decoded = decode_responses(policy.tokenizer, np.asarray(result.response_tokens_rn),
-                                   np.asarray(result.response_mask_rn))
-        n = params_s.n
-        out.extend(decoded[j * n : (j + 1) * n] for j in range(len(chunk)))
-        if bar is not None:
-            bar.update(len(chunk) * n)
-    return out
+def plan_of(s: EvalSettings, splits: Sequence[str] = ()) -> evaluate_loop.EvalPlan:
+    """The evaluation core's plan (`kljax.train.evaluate_loop.EvalPlan`) for these settings."""
+    return evaluate_loop.EvalPlan(
+        splits=tuple(splits), n_examples=s.n_examples, seed=s.seed, samples=s.samples, temperature=s.temperature,
+        top_p=s.top_p, top_k=s.top_k, max_prompt_len=s.max_prompt_len, max_new_tokens=s.max_new_tokens,
+        rows_per_call=max(s.batch_size, 1 + s.samples), prompt_format=s.prompt_format, stop=s.stop,
+    )
 
 
 def evaluate_split(policy: Any, params: Any, split: Split, s: EvalSettings, mesh: Any = None,
                    key: jax.Array | None = None, bar: Any = None) -> dict[str, Any]:
-    """Greedy accuracy/reward, mean@k, pass@k (and pass@1) of one split; also the greedy completions."""
-    from kljax.tasks.rewards import score_batch
-    from kljax.train.rollout import prompt_texts
-
+    """Greedy accuracy/reward, mean@k, pass@k (and pass@1) of one split, `greedy` and `sampled` with
+    their 95% intervals (`kljax.train.evaluate_loop`); also the greedy completions."""
     key = jax.random.PRNGKey(s.seed) if key is None else key
     examples = split.task.examples(split.split, n=s.n_examples, seed=s.seed)
     texts = prompt_texts(examples, split.task, policy.tokenizer, s.prompt_format)
-    stops = tuple(policy.stop_token_ids)
-    greedy_s = sampling.SamplingParams(greedy=True, temperature=0.0, max_new_tokens=s.max_new_tokens,
-                                       stop_token_ids=stops, n=1)
-    greedy = [c[0] for c in complete(policy, params, texts, greedy_s, key, s.batch_size, s.max_prompt_len, mesh, bar)]
-    g_rewards, g_correct = score_batch(split.task, examples, greedy)
-    n = s.samples
-    sample_s = sampling.SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                                       max_new_tokens=s.max_new_tokens, stop_token_ids=stops, n=n)
-    sampled = complete(policy, params, texts, sample_s, jax.random.fold_in(key, 1), max(1, s.batch_size // n),
-                       s.max_prompt_len, mesh, bar)
-    flat = [c for group in sampled for c in group]
-    rewards, correct = score_batch(split.task, [ex for ex in examples for _ in range(n)], flat)
-    correct_pn = np.asarray(correct, bool).reshape(len(examples), n)
+    plan = plan_of(s, (split.split,))
+    o = evaluate_loop.evaluate_split(policy, params, examples, texts, evaluate_loop.scorer(split.task), plan, key,
+                                     mesh, None if bar is None else bar.update)
+    entry = evaluate_loop.summarize_split(o, plan)
     return {
         "task": split.task.name, "split": split.split, "n": len(examples),
-        "greedy_accuracy": float(np.mean(g_correct)), "greedy_reward": float(np.mean(g_rewards)),
-        "k": s.k, "n_samples": n, "temperature": s.temperature,
-        "mean_at_k": mean_at_k(correct_pn), "pass_at_k": mean_pass_at_k(correct_pn, s.k),
-        "pass_at_1": mean_pass_at_k(correct_pn, 1), "sample_reward": float(np.mean(rewards)),
-        "greedy_completions": greedy,
+        "greedy_accuracy": entry["accuracy"], "greedy_reward": entry["reward"],
+        "k": s.k, "n_samples": s.samples, "temperature": s.temperature,
+        "mean_at_k": mean_at_k(o.sampled_correct), "pass_at_k": mean_pass_at_k(o.sampled_correct, s.k),
+        "pass_at_1": mean_pass_at_k(o.sampled_correct, 1), "sample_reward": entry["sampled_reward"],
+        "greedy": entry["greedy"], "sampled": entry["sampled"], "problems": entry["problems"],
+        "greedy_completions": o.completions,
     }
 
 
@@ -350,15 +325,20 @@ def _split_size(split: Split, s: EvalSettings) -> int:
 
 
 def format_table(results: dict[str, dict[str, Any]]) -> str:
-    """A fixed-width table: split, domain, n, greedy accuracy, mean@k, pass@k."""
+    """A fixed-width table: split, domain, n, greedy accuracy and sampled accuracy (mean@k at the
+    temperature) with their 95% intervals, pass@k."""
     if not results:
         return "(no results)"
-    k = next(iter(results.values()))["k"]
+    first = next(iter(results.values()))
+    k, t = first["k"], first["temperature"]
     width = max(12, *(len(spec) for spec in results))
-    lines = [f"{'task:split':<{width}}  domain  {'n':>5}  greedy  mean@{k:<3} pass@{k:<3}"]
+    sampled = f"sampled T={t:g}, {first['n_samples']} per problem"
+    lines = [f"{'task:split':<{width}}  domain  {'n':>5}  {'greedy [95% interval]':<22}  {sampled:<30}  pass@{k}"]
     for spec, r in results.items():
-        lines.append(f"{spec:<{width}}  {r['domain']:<6}  {r['n']:>5}  {r['greedy_accuracy']:6.3f}  "
-                     f"{r['mean_at_k']:7.3f}  {r['pass_at_k']:7.3f}")
+        g, smp = r["greedy"], r["sampled"]
+        lines.append(f"{spec:<{width}}  {r['domain']:<6}  {r['n']:>5}  "
+                     f"{g['accuracy']:.3f} [{g['ci95'][0]:.3f}, {g['ci95'][1]:.3f}]  "
+                     f"{smp['accuracy']:.3f} [{smp['ci95'][0]:.3f}, {smp['ci95'][1]:.3f}]{'':<8}  {r['pass_at_k']:.3f}")
     return "\n".join(lines)
 
 

@@ -124,7 +124,7 @@ def check_ranges(config: Any) -> None:
     for name in ("eval_examples",):
         if name in config and not (isinstance(config[name], int) and config[name] >= 1):
             raise UserError(f"config.{name}={config[name]!r} must be an integer >= 1")
-    for name in ("eval_every", "log_samples_every"):
+    for name in ("eval_every", "log_samples_every", "eval_samples"):
         if name in config and not (isinstance(config[name], int) and config[name] >= 0):
             raise UserError(f"config.{name}={config[name]!r} must be an integer >= 0 (0: off)")
     if "log_samples_n" in config and not (_is_int(config.log_samples_n) and config.log_samples_n >= 1):

@@ -44,7 +44,7 @@ from kljax.train import interrupts, run_logs
 from kljax.train import state as st
 from kljax.train.checkpoint import RunCheckpointer
 from kljax.train.config import validate
-from kljax.train.evaluate_loop import evaluate_splits
+from kljax.train.evaluate_loop import before_results, eval_note, evaluate_splits, plan_for_run, with_deltas
 from kljax.train.io_errors import disk_fault_message
 from kljax.train.metrics import MetricsWriter, to_python
 from kljax.train.owned_paths import claim_run_dir
@@ -243,6 +243,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str | Path, resume: str |
         if main:
             (workdir / "config.json").write_text(json.dumps(settings.raw.to_dict(), indent=2, default=str))
             (workdir / "samples.jsonl").unlink(missing_ok=True)
+        if main:
+            print(f"kljax train: {eval_note(plan_for_run(run), 'before training')}", flush=True)
         before = evaluate_splits(run, run.policy_params(state.params))
         if main:
             run_logs.write_json(workdir / "eval_before.json", before)
@@ -251,6 +253,9 @@ def _train(config: ml_collections.ConfigDict, workdir: str | Path, resume: str |
 
     done = start
     nonfinite_run = 0
+    if main and start < settings.steps:  # the first step's wait, said (kljax.train.evaluate_loop.eval_note)
+        print(f"kljax train: training {settings.steps - start} steps; the first also compiles the train step "
+              "(on CPU a minute or more; a rerun reuses the compilation cache)", flush=True)
     bar = tqdm(range(start, settings.steps), initial=start, total=settings.steps, disable=not (progress and main),
                desc="kljax train", dynamic_ncols=True)
     for step in bar:
@@ -265,7 +270,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str | Path, resume: str |
         del it  # the batch and rollout info are not needed past the iteration
         eval_every = int(settings.raw.get("eval_every", 0) or 0)
         if eval_every and (step + 1) % eval_every == 0 and step + 1 < settings.steps:
-            results = evaluate_splits(run, run.policy_params(state.params))
+            results = with_deltas(before_results(workdir), evaluate_splits(run, run.policy_params(state.params)),
+                                  plan_for_run(run).seed)
             row.update(run_logs.eval_metrics(results))
             if main:
                 run_logs.write_json(workdir / f"eval_step_{step + 1}.json", results)
@@ -298,11 +304,13 @@ def _train(config: ml_collections.ConfigDict, workdir: str | Path, resume: str |
         return {"before": {}, "after": {}, "params": run.policy_params(state.params), "stopped_at": done,
                 "policy": run.policy}
     interrupts.check()
-    after = evaluate_splits(run, run.policy_params(state.params))
-    if main:
-        run_logs.write_json(workdir / "eval_after.json", after)
     before_path = workdir / "eval_before.json"
     before = json.loads(before_path.read_text()) if before_path.exists() else {}
+    if main:
+        print(f"kljax train: {eval_note(plan_for_run(run), 'after training')}", flush=True)
+    after = with_deltas(before, evaluate_splits(run, run.policy_params(state.params)), plan_for_run(run).seed)
+    if main:
+        run_logs.write_json(workdir / "eval_after.json", after)
     summary = {"before": before, "after": after, "params": run.policy_params(state.params), "policy": run.policy}
     exact_path = workdir / "exact_before.json"
     if run.exact is not None and exact_path.exists():
