@@ -1,8 +1,11 @@
 """The default run: SmolLM2-135M-Instruct (embedded, no download) on generated arithmetic, k1 in
-reward with RLOO: the paper's recommended configuration, sized for 2 CPU cores in about 10 minutes.
+reward with RLOO: the paper's recommended configuration, sized for 2 CPU cores.
 
-In-domain: 2-digit addition/subtraction (`arithmetic:train`, evaluated on `test`); out-of-domain:
-more digits (`ood_digits`) and other operations (`ood_ops`). Before/after greedy accuracy is printed.
+Why these values: full fine-tuning at 1e-5 for 30 steps of 4 x 4 samples measurably learns (sampled test
+accuracy about 0.06 -> 0.3, 3 seeds, docs/experiments.md); adapters at 2e-4 barely moved and at 1e-3 collapsed.
+In-domain: 2-digit addition/subtraction (`arithmetic:train`, evaluated on 384 `test` problems: 95%
+intervals of +-0.05 at most); out-of-domain: more digits (`ood_digits`) and other operations
+(`ood_ops`), 64 problems each. Greedy and sampled accuracy before/after with their paired change are printed.
 """
 
 from kljax_base import base
@@ -10,10 +13,12 @@ from kljax_base import base
 
 def get_config():
     c = base()
-    c.steps = 15
-    c.checkpoint_every = 5
-    c.keep_checkpoints = 1  # 1.4 GiB on disk at the end (3 kept: 4.2 GiB); an interrupted run resumes from the last one
-    c.eval_examples = 32
+    c.steps = 30
+    c.checkpoint_every = 30  # one checkpoint, at the end: 1.4 GiB on disk, never two at once
+    c.keep_checkpoints = 1
+    c.eval_examples = 384
+    c.eval_examples_ood = 64
+    c.eval_samples = 2  # per problem, at rl.temperature: the accuracy of the policy trained
     c.model.source = "default"
     c.task.name = "arithmetic"
     c.task.eval_splits = "test,ood_digits,ood_ops"

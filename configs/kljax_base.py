@@ -18,7 +18,8 @@ def base() -> ml_collections.ConfigDict:
     c.keep_checkpoints = 2
     c.max_nonfinite_steps = 5  # stop after this many consecutive steps with a non-finite loss or gradient
     c.eval_every = 0  # 0: evaluate only before and after the run
-    c.eval_examples = 64
+    c.eval_examples = 64  # problems per evaluation split
+    c.eval_examples_ood = 0  # problems per out-of-domain split (named ood*); 0: eval_examples
     c.eval_samples = 4  # samples per problem at rl.temperature for the sampled accuracy (0: greedy only)
     c.model = ml_collections.ConfigDict(
         dict(

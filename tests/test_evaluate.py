@@ -156,3 +156,24 @@ def test_eval_checkpoint_matches_trainer(tmp_path, capsys):
             after_mean, before_mean = (float(np.mean(e["problems"][kind])) for e in (values, before[split]))
             assert change["diff"] == pytest.approx(after_mean - before_mean)
             assert change["ci95"][0] <= change["diff"] <= change["ci95"][1]
+
+
+def test_eval_rows_per_call_bounded_by_the_kv_cache():
+    """A run's evaluation samples EVAL_ROWS_PER_CALL rows per call (whole groups of 1 + samples) for a
+    small model, fewer for a model whose KV cache would pass EVAL_CACHE_BYTES, and never fewer than
+    the run's own rollout rows (whose cache the run holds anyway)."""
+    from kljax.models.config import ModelConfig
+    from kljax.models.known_configs import KNOWN_CONFIGS
+    from kljax.sampling.step import cache_bytes
+    from kljax.train import evaluate_loop as el
+
+    small = ModelConfig.from_hf(KNOWN_CONFIGS["smollm2-135m"])
+    assert el.rows_per_call(small, 16, 96, 4) == el.EVAL_ROWS_PER_CALL == 160
+    assert el.rows_per_call(small, 16, 96, 2) == 159  # 53 groups of 3
+    big = ModelConfig.from_hf(KNOWN_CONFIGS["qwen2.5-7b"], dtype="bfloat16")
+    rows = el.rows_per_call(big, 0, 1536, 4)
+    assert rows % 5 == 0 and 5 <= rows < 160 and cache_bytes(big, rows, 1536) <= el.EVAL_CACHE_BYTES
+    assert el.rows_per_call(big, 320, 1536, 4) == 320
+    plan = el.EvalPlan(splits=("test", "ood_ops"), n_examples=384, n_examples_ood=64, seed=0, samples=2,
+                       temperature=0.8, max_prompt_len=64, max_new_tokens=32, rows_per_call=159, prompt_format="chat")
+    assert [plan.size(s) for s in plan.splits] == [384, 64]

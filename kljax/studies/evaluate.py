@@ -72,8 +72,9 @@ def mean_at_k(correct_pn: np.ndarray) -> float:
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
     """k: the k of pass@k and mean@k; n_samples: samples per prompt (>= k; default k); n_examples per
-    split; sampling temperature/top_p/top_k; prompt and response buffer sizes; batch_size: sequences
-    per sampler call (prompts * samples); prompt_format: chat, plain or raw; seed: examples and keys;
+    split (n_examples_ood per ood* split when > 0); sampling temperature/top_p/top_k; prompt and
+    response buffer sizes; batch_size: sequences per sampler call (None: as a run's evaluation,
+    `evaluate_loop.rows_per_call`); prompt_format: chat, plain or raw; seed: examples and keys;
     stop: rl.stop (strings or ids that end a response, as in training)."""
 
     k: int = 4
@@ -84,17 +85,22 @@ class EvalSettings:
     top_k: int = 0
     max_prompt_len: int = 64
     max_new_tokens: int = 32
-    batch_size: int = 32
+    batch_size: int | None = None
     prompt_format: str = "chat"
     seed: int = 0
     stop: tuple[str | int, ...] = ()
+    n_examples_ood: int = 0
+
+    def size(self, split: str) -> int:
+        """Problems evaluated of a split named `split`."""
+        return self.n_examples_ood if split.startswith("ood") and self.n_examples_ood > 0 else self.n_examples
 
     def __post_init__(self) -> None:
         if self.k < 1:
             raise ValueError(f"k={self.k} must be >= 1")
         if self.n_samples is not None and self.n_samples < self.k:
             raise ValueError(f"n_samples={self.n_samples} must be >= k={self.k} (pass@k needs n >= k)")
-        if self.n_examples < 1 or self.batch_size < 1:
+        if self.n_examples < 1 or (self.batch_size is not None and self.batch_size < 1) or self.n_examples_ood < 0:
             raise ValueError("n_examples and batch_size must be >= 1")
 
     @property
@@ -108,10 +114,12 @@ class EvalSettings:
         values = dict(
             n_examples=int(config.eval_examples), temperature=float(rl.temperature), top_p=float(rl.top_p),
             top_k=int(rl.top_k), max_prompt_len=int(rl.max_prompt_len), max_new_tokens=int(rl.max_new_tokens),
-            batch_size=evaluate_loop.EVAL_ROWS_PER_CALL, prompt_format=str(config.task.prompt_format),
+            n_examples_ood=int(config.get("eval_examples_ood", 0) or 0), prompt_format=str(config.task.prompt_format),
             seed=int(config.seed), stop=tuple(rl.get("stop", ()) or ()),
         )
         values.update({k: v for k, v in changes.items() if v is not None})
+        if changes.get("n_examples") is not None:  # --n-examples: every split
+            values["n_examples_ood"] = 0
         return cls(**values)
 
 
@@ -263,12 +271,14 @@ def restore_params(workdir: str | Path, step: int | None = None, mesh: Any = Non
 # ------------------------------------------------------------------------------------------ evaluation
 
 
-def plan_of(s: EvalSettings, splits: Sequence[str] = ()) -> evaluate_loop.EvalPlan:
-    """The evaluation core's plan (`kljax.train.evaluate_loop.EvalPlan`) for these settings."""
+def plan_of(s: EvalSettings, model: Any, splits: Sequence[str] = ()) -> evaluate_loop.EvalPlan:
+    """The evaluation core's plan (`kljax.train.evaluate_loop.EvalPlan`) for these settings and model."""
+    rows = s.batch_size or evaluate_loop.rows_per_call(model, 0, s.max_prompt_len + s.max_new_tokens, s.samples)
     return evaluate_loop.EvalPlan(
-        splits=tuple(splits), n_examples=s.n_examples, seed=s.seed, samples=s.samples, temperature=s.temperature,
-        top_p=s.top_p, top_k=s.top_k, max_prompt_len=s.max_prompt_len, max_new_tokens=s.max_new_tokens,
-        rows_per_call=max(s.batch_size, 1 + s.samples), prompt_format=s.prompt_format, stop=s.stop,
+        splits=tuple(splits), n_examples=s.n_examples, n_examples_ood=s.n_examples_ood, seed=s.seed,
+        samples=s.samples, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_prompt_len=s.max_prompt_len,
+        max_new_tokens=s.max_new_tokens, rows_per_call=max(rows, 1 + s.samples), prompt_format=s.prompt_format,
+        stop=s.stop,
     )
 
 
@@ -277,9 +287,9 @@ def evaluate_split(policy: Any, params: Any, split: Split, s: EvalSettings, mesh
     """Greedy accuracy/reward, mean@k, pass@k (and pass@1) of one split, `greedy` and `sampled` with
     their 95% intervals (`kljax.train.evaluate_loop`); also the greedy completions."""
     key = jax.random.PRNGKey(s.seed) if key is None else key
-    examples = split.task.examples(split.split, n=s.n_examples, seed=s.seed)
+    examples = split.task.examples(split.split, n=s.size(split.split), seed=s.seed)
     texts = prompt_texts(examples, split.task, policy.tokenizer, s.prompt_format)
-    plan = plan_of(s, (split.split,))
+    plan = plan_of(s, policy.model, (split.split,))
     o = evaluate_loop.evaluate_split(policy, params, examples, texts, evaluate_loop.scorer(split.task), plan, key,
                                      mesh, None if bar is None else bar.update)
     entry = evaluate_loop.summarize_split(o, plan)
@@ -299,7 +309,7 @@ def evaluate(policy: Any, params: Any, splits: Sequence[Split], s: EvalSettings,
     """{spec: metrics} for every split (see `evaluate_split`), each tagged with its domain ("in"/"ood")."""
     from tqdm.auto import tqdm
 
-    total = sum(min(s.n_examples, _split_size(sp, s)) for sp in splits) * (1 + s.samples)
+    total = sum(_split_size(sp, s) for sp in splits) * (1 + s.samples)
     results = {}
     with tqdm(total=total, disable=not progress, desc="kljax eval", unit="seq", dynamic_ncols=True) as bar:
         for i, sp in enumerate(splits):
@@ -321,7 +331,7 @@ def check_memory(splits: Sequence[Split], s: EvalSettings) -> None:
 def _split_size(split: Split, s: EvalSettings) -> int:
     """How many examples a split yields for n_examples (loaded sets may have fewer); for the bar only."""
     size = getattr(split.task, "default_size", {}).get(split.split)
-    return s.n_examples if size is None else min(size, s.n_examples)
+    return s.size(split.split) if size is None else min(size, s.size(split.split))
 
 
 def format_table(results: dict[str, dict[str, Any]]) -> str:

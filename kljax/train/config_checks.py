@@ -124,9 +124,10 @@ def check_ranges(config: Any) -> None:
     for name in ("eval_examples",):
         if name in config and not (isinstance(config[name], int) and config[name] >= 1):
             raise UserError(f"config.{name}={config[name]!r} must be an integer >= 1")
-    for name in ("eval_every", "log_samples_every", "eval_samples"):
+    for name, zero in (("eval_every", "off"), ("log_samples_every", "off"), ("eval_samples", "greedy only"),
+                       ("eval_examples_ood", "eval_examples")):
         if name in config and not (isinstance(config[name], int) and config[name] >= 0):
-            raise UserError(f"config.{name}={config[name]!r} must be an integer >= 0 (0: off)")
+            raise UserError(f"config.{name}={config[name]!r} must be an integer >= 0 (0: {zero})")
     if "log_samples_n" in config and not (_is_int(config.log_samples_n) and config.log_samples_n >= 1):
         raise UserError(f"config.log_samples_n={config.log_samples_n!r} must be an integer >= 1 (prompts logged "
                         "each time; config.log_samples_every=0 turns logging off)")

@@ -36,8 +36,10 @@ import jax
 import numpy as np
 
 from kljax import sampling
+from kljax.models.config import ModelConfig
 from kljax.models.policy_api import as_policy
 from kljax.parallel.distributed import gather
+from kljax.sampling.step import cache_bytes
 from kljax.tasks.base import Example
 from kljax.tasks.rewards import score_batch
 from kljax.train import intervals
@@ -49,8 +51,9 @@ ScoreFn = Callable[[Sequence[Example], Sequence[str]], tuple[np.ndarray, np.ndar
 
 @dataclasses.dataclass(frozen=True)
 class EvalPlan:
-    """splits: split names; n_examples problems of each, drawn with `seed`; samples: completions per
-    problem at `temperature` (top_p, top_k, min_p) for the sampled accuracy (0: greedy only);
+    """splits: split names; n_examples problems of each (n_examples_ood of each out-of-domain split,
+    named ood*, when > 0), drawn with `seed`; samples: completions per problem at `temperature`
+    (top_p, top_k, min_p) for the sampled accuracy (0: greedy only);
     max_prompt_len, max_new_tokens: the buffers; rows_per_call: sequences per sampler call;
     prompt_format: chat, plain or raw; stop: rl.stop (strings or ids ending a response)."""
 
@@ -67,6 +70,11 @@ class EvalPlan:
     top_k: int = 0
     min_p: float = 0.0
     stop: tuple[str | int, ...] = ()
+    n_examples_ood: int = 0
+
+    def size(self, split: str) -> int:
+        """Problems evaluated of `split`."""
+        return self.n_examples_ood if split.startswith("ood") and self.n_examples_ood > 0 else self.n_examples
 
     def __post_init__(self) -> None:
         if self.n_examples < 1 or self.samples < 0 or self.rows_per_call < 1 + self.samples:
@@ -157,7 +165,7 @@ def evaluate_outcomes(policy: Any, params: Any, task: Any, plan: EvalPlan, score
     """{split: SplitOutcome} for every split of the plan (split i draws with fold_in(PRNGKey(seed), i))."""
     out = {}
     for i, split in enumerate(plan.splits):
-        examples = task.examples(split, n=plan.n_examples, seed=plan.seed)
+        examples = task.examples(split, n=plan.size(split), seed=plan.seed)
         texts = prompt_texts(examples, task, policy.tokenizer, plan.prompt_format)
         key = jax.random.fold_in(jax.random.PRNGKey(plan.seed), i)
         out[split] = evaluate_split(policy, params, examples, texts, score, plan, key, mesh, progress)
@@ -237,9 +245,10 @@ def before_results(workdir: Path) -> dict[str, Any]:
 def eval_note(plan: EvalPlan, when: str) -> str:
     """The line a run prints before an evaluation: what it samples (the first one also compiles)."""
     sampled = (f" + {plan.samples} samples at temperature {plan.temperature:g}" if plan.samples else "")
-    total = len(plan.splits) * plan.n_examples * (1 + plan.samples)
-    return (f"evaluating {when}: {len(plan.splits)} split(s) x {plan.n_examples} problems, greedy{sampled} "
-            f"({total} sequences; the first evaluation also compiles the sampler)")
+    sizes = ", ".join(f"{split} {plan.size(split)}" for split in plan.splits)
+    total = sum(plan.size(split) for split in plan.splits) * (1 + plan.samples)
+    return (f"evaluating {when}: problems {sizes}, each greedy{sampled} (up to {total} sequences; the first "
+            "evaluation also compiles the sampler)")
 
 
 def scorer(task: Any, reward_set: Any = None) -> ScoreFn:
@@ -257,19 +266,33 @@ def scorer(task: Any, reward_set: Any = None) -> ScoreFn:
 # ------------------------------------------------------------------------------- the run's call site
 
 
-EVAL_ROWS_PER_CALL = 64  # sequences per sampler call in a run's evaluation (docs/performance.md)
+EVAL_ROWS_PER_CALL = 160  # sampler rows per call in a run's evaluation, memory permitting (docs/performance.md)
+EVAL_CACHE_BYTES = 2 << 30  # ... the KV cache of a call at most this, or the rollout's rows
+
+
+def rows_per_call(model: Any, rollout_rows: int, width: int, samples: int) -> int:
+    """Sampler rows per evaluation call: EVAL_ROWS_PER_CALL (whole groups of 1 + samples rows), fewer
+    where that KV cache of `width` slots would pass EVAL_CACHE_BYTES, never fewer than a rollout's."""
+    rows = EVAL_ROWS_PER_CALL
+    if isinstance(model, ModelConfig):
+        while rows > 1 + samples and cache_bytes(model, rows, width) > EVAL_CACHE_BYTES:
+            rows //= 2
+    group = 1 + samples
+    return max(group, max(rows, rollout_rows) // group * group)
 
 
 def plan_for_run(run: Any) -> EvalPlan:
     """The EvalPlan of a `kljax train` run, from its settings (the one place that reads them)."""
     raw, rl = run.settings.raw, run.settings.rl
     samples = int(raw.get("eval_samples", 4))
+    width = int(rl.max_prompt_len) + int(rl.max_new_tokens)
     return EvalPlan(
         splits=tuple(s.strip() for s in str(raw.task.eval_splits).split(",") if s.strip()),
-        n_examples=int(raw.eval_examples), seed=int(raw.seed), samples=samples, temperature=float(rl.temperature),
-        top_p=float(rl.top_p), top_k=int(rl.top_k), min_p=float(rl.min_p), max_prompt_len=int(rl.max_prompt_len),
-        max_new_tokens=int(rl.max_new_tokens), rows_per_call=max(EVAL_ROWS_PER_CALL, 1 + samples),
-        prompt_format=str(raw.task.prompt_format), stop=tuple(rl.stop),
+        n_examples=int(raw.eval_examples), n_examples_ood=int(raw.get("eval_examples_ood", 0) or 0),
+        seed=int(raw.seed), samples=samples, temperature=float(rl.temperature), top_p=float(rl.top_p),
+        top_k=int(rl.top_k), min_p=float(rl.min_p), max_prompt_len=int(rl.max_prompt_len),
+        max_new_tokens=int(rl.max_new_tokens), prompt_format=str(raw.task.prompt_format), stop=tuple(rl.stop),
+        rows_per_call=rows_per_call(run.policy.model, rl.prompts_per_step * rl.group_size, width, samples),
     )
 
 
