@@ -13,7 +13,6 @@ import ast
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -190,21 +189,18 @@ def _fill(items: list[str], p: dict[str, Path], **extra: str) -> list[str]:
 
 
 def check_fails_cleanly(argv: list[str], expected: str, capsys, compiles: Compiles, may_compile: bool = False) -> str:
-    """main(argv) exits 2 with one named error line, no traceback, quickly and (unless may_compile)
-    before any compilation. Returns the error line."""
+    """main(argv) exits 2 with one named error line, no traceback and (unless may_compile) before any
+    compilation. Returns the error line."""
     before = compiles.count
-    t0 = time.perf_counter()
     try:
         code = main(argv)
     except SystemExit as e:  # argparse's own errors
         code = e.code
-    elapsed = time.perf_counter() - t0
     out, err = capsys.readouterr()
     assert code == 2, (argv, code, out[-1000:], err[-2000:])
     assert "Traceback" not in out + err, err[-2000:]
     line = the_error_line(err, argv[0])
     assert expected in line, (expected, line)
-    assert elapsed < 30, (argv, elapsed)
     if not may_compile:
         assert compiles.count == before, f"{argv}: compiled before failing"
     return line

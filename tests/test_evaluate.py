@@ -120,7 +120,9 @@ def test_eval_cli_tiny_equals_its_export(tmp_path):
 
 def test_eval_checkpoint_matches_trainer(tmp_path, capsys):
     """A `kljax train` workdir (async level 2, so the checkpoint also holds sampler snapshots):
-    restore_params gives the trained params, and greedy eval reproduces the trainer's eval_after."""
+    restore_params gives the trained params, and `kljax eval` reproduces the trainer's eval_after: the
+    same problems, greedy and sampled answers, intervals; eval_after pairs with eval_before problem
+    by problem."""
     from kljax.train.trainer import train
 
     config = load_run_config(("configs/tiny.py"),
@@ -130,7 +132,6 @@ def test_eval_checkpoint_matches_trainer(tmp_path, capsys):
     assert step == 2
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(summary["params"]), jax.device_get(params))
     out = tmp_path / "eval.json"
-    # k = group size: the sampled pass reuses the shapes (and compilations) of the trainer's rollout.
     assert cli_main(["eval", "--checkpoint", str(tmp_path / "run"), "--k", "4", "--json", str(out), *MESH,
                      "--no-progress"]) == 0
     assert "greedy" in capsys.readouterr().out
@@ -143,3 +144,37 @@ def test_eval_checkpoint_matches_trainer(tmp_path, capsys):
         assert r["greedy_accuracy"] == pytest.approx(values["accuracy"])
         assert r["greedy_reward"] == pytest.approx(values["reward"])  # partial credit: a sharp comparison
         assert r["domain"] == "in"
+        assert r["greedy"] == values["greedy"] and r["sampled"] == values["sampled"]
+        assert r["problems"] == values["problems"] and r["sampled"]["k"] == 4 and r["sampled"]["n"] == 16
+        for kind in ("greedy", "sampled"):
+            entry = values[kind]
+            assert set(entry) >= {"accuracy", "ci95", "n"} and entry["ci95"][0] <= entry["accuracy"] <= entry["ci95"][1]
+    before = json.loads((tmp_path / "run" / "eval_before.json").read_text())
+    for split, values in after.items():
+        assert values["problems"]["ids"] == before[split]["problems"]["ids"]  # the same problems, in order
+        for kind in ("greedy", "sampled"):
+            change = values["delta_vs_before"][kind]
+            after_mean, before_mean = (float(np.mean(e["problems"][kind])) for e in (values, before[split]))
+            assert change["diff"] == pytest.approx(after_mean - before_mean)
+            assert change["ci95"][0] <= change["diff"] <= change["ci95"][1]
+
+
+def test_eval_rows_per_call_bounded_by_the_kv_cache():
+    """A run's evaluation samples EVAL_ROWS_PER_CALL rows per call (whole groups of 1 + samples) for a
+    small model, fewer for a model whose KV cache would pass EVAL_CACHE_BYTES, and never fewer than
+    the run's own rollout rows (whose cache the run holds anyway)."""
+    from kljax.models.config import ModelConfig
+    from kljax.models.known_configs import KNOWN_CONFIGS
+    from kljax.sampling.step import cache_bytes
+    from kljax.train import evaluate_loop as el
+
+    small = ModelConfig.from_hf(KNOWN_CONFIGS["smollm2-135m"])
+    assert el.rows_per_call(small, 16, 96, 4) == el.EVAL_ROWS_PER_CALL == 160
+    assert el.rows_per_call(small, 16, 96, 2) == 159  # 53 groups of 3
+    big = ModelConfig.from_hf(KNOWN_CONFIGS["qwen2.5-7b"], dtype="bfloat16")
+    rows = el.rows_per_call(big, 0, 1536, 4)
+    assert rows % 5 == 0 and 5 <= rows < 160 and cache_bytes(big, rows, 1536) <= el.EVAL_CACHE_BYTES
+    assert el.rows_per_call(big, 320, 1536, 4) == 320
+    plan = el.EvalPlan(splits=("test", "ood_ops"), n_examples=384, n_examples_ood=64, seed=0, samples=2,
+                       temperature=0.8, max_prompt_len=64, max_new_tokens=32, rows_per_call=159, prompt_format="chat")
+    assert [plan.size(s) for s in plan.splits] == [384, 64]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 from pathlib import Path
 
 import jax
@@ -39,21 +38,18 @@ COMPILES = Compiles()
 
 def fails_cleanly(argv: list[str], expected: list[str], capsys, may_compile: bool = False) -> str:
     """main(argv) exits 2 with one `kljax CMD: error:` line holding every `expected` text, no
-    traceback, within 30 s and (unless may_compile) without compiling. Returns the line."""
+    traceback and (unless may_compile) without compiling. Returns the line."""
     before = COMPILES.count
-    t0 = time.perf_counter()
     try:
         code = main(argv)
     except SystemExit as e:
         code = e.code
-    elapsed = time.perf_counter() - t0
     out, err = capsys.readouterr()
     assert code == 2, (argv, code, out[-1000:], err[-3000:])
     assert "Traceback" not in out + err, err[-3000:]
     line = the_error_line(err, argv[0])
     for text in expected:
         assert text in line, (text, line)
-    assert elapsed < 30, (argv, elapsed)
     if not may_compile:
         assert COMPILES.count == before, f"{argv}: compiled before failing"
     return line

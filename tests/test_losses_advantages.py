@@ -209,6 +209,20 @@ def test_kl_configs_cli_json(capsys):
     assert "k3-loss" in capsys.readouterr().out
 
 
+def test_kl_configs_table_says_each_thing_once(capsys):
+    """The printed table: a biased row's KL reason appears on its "KL part:" line only, and an off-policy
+    preset's note does not repeat "off-policy:"."""
+    assert cli_main(["kl-configs"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert not any("off-policy: off-policy" in line or line.count("off-policy:") > 1 for line in lines)
+    k1_loss = next(i for i, line in enumerate(lines) if line.startswith("k1-loss "))
+    assert "zero in expectation" not in lines[k1_loss] and "zero in expectation" in lines[k1_loss + 1]
+    assert lines[k1_loss].split()[1] == "biased"
+    assert cli_main(["kl-configs", "--aggregation", "token-mean"]) == 0
+    k1_reward = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("k1-reward "))
+    assert "length weighting" in k1_reward  # a reason besides the KL part stays on the first line
+
+
 def test_kl_configs_cli_aggregation_and_advantage(capsys):
     """Under GRPO's length-normalized aggregation even k1-reward is biased; under seq-mean-token-sum it
     is exactly grad J; Dr. GRPO scales it by (G-1)/G; a stale sampler biases every configuration."""

@@ -5,8 +5,13 @@ what kljax prints and accepts."""
 
 from __future__ import annotations
 
+import json
 import re
+import string
 from pathlib import Path
+
+import numpy as np
+import pytest
 
 from kljax.cli import build_parser
 
@@ -70,6 +75,7 @@ def test_command_table_lists_every_command():
 def test_the_end_of_run_listing_is_what_kljax_train_prints(tmp_path, monkeypatch):
     """The README's example of the lines `kljax train` ends with (kljax/train/run_outputs.py) for a
     workdir holding what the default run writes; only the checkpoints' size differs."""
+    from kljax.train import run_outputs
     from kljax.train.run_outputs import output_lines
 
     text = (ROOT / "README.md").read_text()
@@ -78,13 +84,17 @@ def test_the_end_of_run_listing_is_what_kljax_train_prints(tmp_path, monkeypatch
     shown = block.group(1).rstrip("\n").splitlines()
     monkeypatch.chdir(tmp_path)
     work = Path("runs/default")
-    (work / "checkpoints" / "15").mkdir(parents=True)
-    (work / "checkpoints" / "15" / "state").write_bytes(b"0" * 1000)
+    step = re.search(r"checkpoints/ +step (\d+)", shown[1]).group(1)
+    (work / "checkpoints" / step).mkdir(parents=True)
+    (work / "checkpoints" / step / "state").write_bytes(b"0" * 1000)
     (work / "tb").mkdir()
-    for name in ("metrics.jsonl", "eval_before.json", "eval_after.json"):
+    for name in ("metrics.jsonl", "eval_before.json"):
         (work / name).write_text("{}\n")
+    prompt = re.search(r"--prompt '([^']*)'", block.group(1)).group(1)  # the first problem of the evaluation
+    (work / "eval_after.json").write_text(json.dumps({"test": {"example": {"prompt": prompt}}}))
     (work / "config.json").write_text('{"task": {"name": "arithmetic"}}')
-    printed = output_lines(work)
+    monkeypatch.setattr(run_outputs, "tensorboard_command", lambda kljax: None)  # launch/setup.sh installs none
+    printed = output_lines(work, kljax=".venv/bin/kljax")  # launch/setup.sh's, from the checkout
 
     def without_size(lines: list[str]) -> list[str]:
         return [re.sub(r"state, [0-9.]+ [KMG]?i?B", "state, SIZE", line) for line in lines]
@@ -120,3 +130,62 @@ def test_every_documented_export_writes_outside_the_run_it_reads(tmp_path, monke
             except UserError as e:
                 raise AssertionError(f"{doc.name}: kljax export {run} --out {out}: {e}") from None
     assert len(found) >= 3, found
+
+
+CHAT_TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"
+
+
+def tiny_chat_model(out_dir: Path, alphabet: str) -> Path:
+    """A tiny random transformer over `alphabet` (one token per character) whose tokenizer has a chat
+    template, as a Hugging Face directory: an instruct model in miniature."""
+    import jax
+    from transformers import AutoTokenizer
+
+    from kljax.models import transformer as tfm
+    from kljax.models.config import ModelConfig
+    from kljax.models.tokenizers import CharTokenizer
+    from kljax.train.sft import export_char_model
+
+    config = ModelConfig(architecture="LlamaForCausalLM", vocab_size=CharTokenizer(alphabet).vocab_size,
+                         hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+                         max_position_embeddings=128, tie_embeddings=False, eos_token_ids=(1,), pad_token_id=0)
+    export_char_model(tfm.init_params(config, jax.random.PRNGKey(0)), config, out_dir, alphabet)
+    tokenizer = AutoTokenizer.from_pretrained(out_dir)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def test_the_python_api_example_prompts_in_the_chat_template_and_scores_answers(tmp_path, monkeypatch):
+    """The README's Python API example, run as written on a tiny random model with a chat template
+    (instead of "default") for 2 steps: its rows are chat messages, so the model is prompted in its
+    chat template (with plain-text prompts SmolLM2-135M-Instruct ended every response at once: reward 0
+    and a gradient of 4e-12 at every step), and its reward function scores the completions it is given."""
+    pytest.importorskip("transformers")
+    from kljax.models.hf_tokenizer import load_hf_tokenizer
+    from kljax.tasks.from_config import task_from_config
+    from kljax.tasks.prompting import prompt_texts
+    from kljax.train.reward_set import columns_of
+
+    text = (ROOT / "README.md").read_text()
+    code = re.search(r"## Python API\n.*?```python\n(.*?)```", text, re.S).group(1)
+    assert 'model="default"' in code and '"steps": 50' in code
+    alphabet = "".join(sorted(set(string.ascii_letters + string.digits + " ?<>.")))
+    model_dir = tiny_chat_model(tmp_path / "tiny_chat", alphabet)
+    code = code.replace('model="default"', f"model={str(model_dir)!r}")
+    small = '"steps": 2, "eval_examples": 4, "rl.max_new_tokens": 8, "mesh.fsdp": 4, "mesh.tensor": 2'
+    code = code.replace('"steps": 50', small)
+    code = code.replace('trainer.save_pretrained("my-model")', "")
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - the README's own example
+    trainer, correct, rows = namespace["trainer"], namespace["correct"], namespace["result"].metrics
+    assert len(rows) == 2 and all(np.isfinite(r["reward"]) and r["response_length"] > 1 for r in rows)
+    task = task_from_config(trainer.config)
+    tokenizer = load_hf_tokenizer(model_dir)
+    example = task.examples("train", n=1, seed=0)[0]
+    shown = prompt_texts([example], task, tokenizer, str(trainer.config.task.prompt_format))[0]
+    assert shown.startswith("<user>What is ") and shown.endswith("?<assistant>"), shown
+    answer = columns_of([example])["answer"][0]  # the column the reward function is called with
+    completions = [[{"role": "assistant", "content": f"It is {answer}."}], [{"role": "assistant", "content": "No."}]]
+    assert correct(completions, [answer] * 2) == [1.0, 0.0]

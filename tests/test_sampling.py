@@ -329,6 +329,25 @@ def test_n_samples_share_one_prefill_and_equal_the_repeated_prompts(tiny, monkey
     assert many.response_tokens_rn.shape == (12, 9)
 
 
+def test_greedy_first_row_is_greedy_and_the_others_are_the_plain_draws(tiny):
+    """greedy_first: row 0 of each prompt's n is the greedy decode (tokens and temperature-1 log-probs),
+    rows 1..n-1 are exactly the rows the same call without it draws (an evaluation's greedy and
+    sampled answers from one prefill)."""
+    params, config = tiny
+    tokens, mask = prompts(config.vocab_size)
+    sp = SamplingParams(max_new_tokens=7, temperature=1.3, n=3)
+    mixed = generate(params, config, tokens, mask, jax.random.key(2), dataclasses.replace(sp, greedy_first=True))
+    drawn = generate(params, config, tokens, mask, jax.random.key(2), sp)
+    greedy = generate(params, config, tokens, mask, jax.random.key(9), SamplingParams(max_new_tokens=7, greedy=True))
+    rows = np.arange(12)
+    np.testing.assert_array_equal(np.asarray(mixed.response_tokens_rn)[rows % 3 != 0],
+                                  np.asarray(drawn.response_tokens_rn)[rows % 3 != 0])
+    np.testing.assert_array_equal(np.asarray(mixed.response_tokens_rn)[rows % 3 == 0], greedy.response_tokens_rn)
+    np.testing.assert_allclose(np.asarray(mixed.response_logprobs_rn)[rows % 3 == 0], greedy.response_logprobs_rn,
+                               atol=1e-5)
+    assert not np.array_equal(np.asarray(drawn.response_tokens_rn)[rows % 3 == 0], greedy.response_tokens_rn)
+
+
 def test_right_padded_prompts_give_the_same_samples(tiny):
     params, config = tiny
     tokens, mask = prompts(config.vocab_size)

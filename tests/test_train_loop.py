@@ -34,6 +34,11 @@ def test_reward_rises_with_k1_in_reward(tmp_path):
     last = np.mean([r["reward"] for r in rows[-10:]])
     assert last > first + 0.1, (first, last)
     assert summary["after"]["test"]["reward"] > summary["before"]["test"]["reward"]
+    after = json.loads((tmp_path / "eval_after.json").read_text())["test"]  # issue 46's fields, as scripts read them
+    for kind in ("greedy", "sampled"):
+        assert {"accuracy", "ci95", "n"} <= set(after[kind]) and after[kind]["n"] == 64
+        assert {"diff", "ci95"} <= set(after["delta_vs_before"][kind])
+    assert after["delta_vs_before"]["sampled"]["ci95"][0] > 0  # the policy trained measurably learned
     for key in ("k1", "k2", "k3", "kl_seq", "entropy", "grad_norm", "clip_fraction", "ratio_mean",
                 "response_length", "tokens_per_s", "time_sample", "time_score", "time_update", "kl_penalty"):
         assert key in rows[0], key

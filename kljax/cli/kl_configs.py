@@ -59,7 +59,23 @@ def run(args: argparse.Namespace) -> int:
           "direction the trainer moves in on average")
     print(f"{'name':<{width}}  verdict   expected gradient of the whole objective")
     for r in rows:
-        print(f"{r['name']:<{width}}  {r['verdict']:<8}  {r['gradient']}")
+        print(f"{r['name']:<{width}}  {r['verdict']:<8}  {_gradient(r)}")
         print(f"{'':<{width}}  {'':<8}  KL part: {r['kl_gradient']}")
-        print(f"{'':<{width}}  {'':<8}  ({r['note']}; off-policy: {r['off_policy_note']})")
+        print(f"{'':<{width}}  {'':<8}  ({_notes(r)})")
     return 0
+
+
+def _gradient(row: dict) -> str:
+    """The row's gradient, a biased one's KL-part reason left to the "KL part:" line below it."""
+    if row["verdict"] != "biased":
+        return row["gradient"]
+    target = row["gradient"].split(":", 1)[0]  # "not grad J"
+    other = [r for r in row["reasons"] if not r.startswith(f"KL part {row['name']!r}")]
+    return f"{target}: " + "; ".join(other + (["its KL part, below"] if len(other) < len(row["reasons"]) else []))
+
+
+def _notes(row: dict) -> str:
+    """The preset's note and its off-policy behaviour, each said once."""
+    note = row["note"].removeprefix("off-policy: ")
+    off = row["off_policy_note"]
+    return f"off-policy: {off}" if off.startswith(note) else f"{note}; off-policy: {off}"

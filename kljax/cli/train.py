@@ -15,6 +15,7 @@ from pathlib import Path
 from kljax.api import RLTrainer
 from kljax.errors import UserError
 from kljax.parallel import distributed
+from kljax.train.eval_table import brief, change_table, kl_line
 from kljax.train.run_outputs import output_lines
 from kljax.train.trainer import NonFiniteError
 
@@ -23,8 +24,9 @@ ACCEPTS_CONFIG_OVERRIDES = True
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None,
-                        help="a config file: .yaml / .json fields, or .py with get_config() returning them, over "
-                             "the default run (SmolLM2 on arithmetic); with --resume, default: WORKDIR/config.json")
+                        help="a config: a .py file with get_config(), or a .yaml/.json file of the fields to change "
+                             "(nested or dotted) over the default run (SmolLM2 on arithmetic); with --resume, "
+                             "default: WORKDIR/config.json")
     parser.add_argument("--workdir", required=True, help="directory for checkpoints, metrics and evaluations")
     parser.add_argument("--resume", nargs="?", const="latest", default=None, choices=["latest", "auto", "strict"],
                         help="continue from the newest intact checkpoint in --workdir (none: an error); "
@@ -71,14 +73,15 @@ def run(args: argparse.Namespace) -> int:
     if result.stopped_at is not None:
         print(f"stopped after step {result.stopped_at}; continue with --resume")
         return 0
-    if result.eval_after:
-        print("evaluation (greedy accuracy) before -> after:")
-    for split, after in result.eval_after.items():
-        before = result.eval_before.get(split, {}).get("accuracy", float("nan"))
-        print(f"  {split:<14} {before:.3f} -> {after['accuracy']:.3f}  (n={after['n']})")
+    if result.eval_after:  # before, after and the paired change, with 95% intervals (kljax.train.eval_table)
+        print("evaluation before -> after (greedy, and the policy trained: samples at rl.temperature):")
+        print("\n".join(change_table(result.eval_before, result.eval_after)))
+        kl = kl_line(result.metrics)
+        if kl:
+            print(kl)
     if result.exact:  # a task with an exact optimum (toy_optimum)
         print(f"exact gap to pi* (beta KL(pi || pi*)): {result.exact['before']:.4g} -> {result.exact['after']:.4g}")
     print("\n".join(output_lines(args.workdir)))  # where the outputs are, and the next commands to try
-    print(json.dumps({"workdir": str(args.workdir), "after": result.eval_after,
+    print(json.dumps({"workdir": str(args.workdir), "after": brief(result.eval_after),
                       **({"exact_gap": result.exact} if result.exact else {})}))
     return 0

@@ -31,16 +31,23 @@ class RunConfig:
     """Every setting of a run (see the module docstring). steps: RL iterations; checkpoint_every and
     keep_checkpoints: checkpoint cadence and how many stay on disk; max_nonfinite_steps: consecutive
     skipped (non-finite) updates that stop the run; eval_every: steps between evaluations (0: before
-    and after only); eval_examples: problems per evaluation split; log_samples_every / _n: prompts
-    and completions written to samples.jsonl."""
+    and after only); eval_examples: problems per evaluation split (eval_examples_ood per ood* split;
+    0: eval_examples); eval_samples: completions per problem at rl.temperature, the accuracy of the
+    policy trained (0: greedy only); log_samples_every / _n: prompts and completions written to
+    samples.jsonl.
+
+    The default run's sizes: full fine-tuning at 1e-5 for 30 steps of 4 x 4 samples measurably learns
+    (docs/experiments.md); 384 in-domain problems give 95% intervals of +-0.05 at most."""
 
     seed: int = 0
-    steps: int = 15
-    checkpoint_every: int = 5
+    steps: int = 30
+    checkpoint_every: int = 10
     keep_checkpoints: int = 1
     max_nonfinite_steps: int = 5
     eval_every: int = 0
-    eval_examples: int = 32
+    eval_examples: int = 384
+    eval_examples_ood: int = 64
+    eval_samples: int = 2
     log_samples_every: int = 0
     log_samples_n: int = 4
     model: ModelSection = ModelSection()
@@ -58,8 +65,9 @@ class RunConfig:
         for name in ("steps", "checkpoint_every", "keep_checkpoints", "max_nonfinite_steps", "eval_examples",
                      "log_samples_n"):
             at_least(f"config.{name}", getattr(self, name), 1)
-        for name in ("eval_every", "log_samples_every"):
-            at_least(f"config.{name}", getattr(self, name), 0, " (0: off)")
+        for name, zero in (("eval_every", "off"), ("log_samples_every", "off"), ("eval_samples", "greedy only"),
+                           ("eval_examples_ood", "eval_examples")):
+            at_least(f"config.{name}", getattr(self, name), 0, f" (0: {zero})")
 
     @property
     def total_steps(self) -> int:

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -58,6 +59,9 @@ def default_model_dir(cache_dir: str | os.PathLike | None = None) -> Path:
                         "not delete it: remove it, or set KLJAX_CACHE to another directory, to convert again")
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_NAME}.", dir=root))
+    print(f"kljax: converting the embedded {DEFAULT_MODEL_NAME} (a GGUF file in the {GGUF_PACKAGE} package) once, "
+          f"into a Hugging Face checkpoint in {target}: about a minute; later runs reuse it", file=sys.stderr,
+          flush=True)
     try:
         _convert_gguf(gguf_path(), tmp)
         (tmp / _DONE).write_text("ok\n")

@@ -40,6 +40,9 @@ class SamplingParams:
     entropy: also return the entropy of every step's distribution (`SampleResult.response_entropy_rn`).
     chunk: prompts per sampler chunk: the B prompts are generated in B / chunk strided groups one after
       another, so the KV cache holds chunk * n rows at a time (`kljax.sampling.sampler`); 0: all at once.
+    greedy_first: the first of each prompt's n rows (rows r with r % n == 0) decodes greedily (its
+      log-prob and entropy the model's temperature-1 ones), the other n - 1 are drawn as above: an
+      evaluation's greedy and sampled answers from one prefill.
     """
 
     max_new_tokens: int = 64
@@ -53,6 +56,7 @@ class SamplingParams:
     stop_sequences: tuple[tuple[int, ...], ...] = ()
     entropy: bool = False
     chunk: int = 0
+    greedy_first: bool = False
 
     def __post_init__(self) -> None:
         stops = self.stop_token_ids
@@ -237,6 +241,12 @@ def sample_logits(
     choice_r, logp_r = inverse_cdf_sample(logits_rc, u_r)
     tokens_r = choice_r if ids_rc is None else jnp.take_along_axis(ids_rc, choice_r[:, None], axis=-1)[:, 0]
     entropy_r = _entropy(logits_rc) if sampling.entropy else None
+    if sampling.greedy_first:  # row r % n == 0 of each prompt: the greedy draw (see SamplingParams)
+        greedy_r = jnp.arange(logits_rv.shape[0]) % sampling.n == 0
+        g_tokens_r, g_logp_r, g_entropy_r = sample_logits(logits_rv, key, dataclasses.replace(sampling, greedy=True))
+        tokens_r = jnp.where(greedy_r, g_tokens_r, tokens_r)
+        logp_r = jnp.where(greedy_r, g_logp_r, logp_r)
+        entropy_r = None if entropy_r is None else jnp.where(greedy_r, g_entropy_r, entropy_r)
     return tokens_r.astype(jnp.int32), logp_r, entropy_r
 
 

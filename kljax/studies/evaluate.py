@@ -34,12 +34,11 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from kljax import sampling
 from kljax.config.run import RunConfig
 from kljax.tasks.registry import parse_task_spec
-from kljax.tasks.rewards import score_batch
+from kljax.train import evaluate_loop
 from kljax.train.memory_check import check_eval_fits
-from kljax.train.rollout import decode_responses, encode_prompts, prompt_texts
+from kljax.train.rollout import prompt_texts
 
 # ------------------------------------------------------------------------------------------ estimators
 
@@ -74,8 +73,10 @@ def mean_at_k(correct_pn: np.ndarray) -> float:
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
     """k: the k of pass@k and mean@k; n_samples: samples per prompt (>= k; default k); n_examples per
-    split; sampling temperature/top_p/top_k; prompt and response buffer sizes; batch_size: sequences
-    per sampler call (prompts * samples); prompt_format: chat, plain or raw; seed: examples and keys."""
+    split (n_examples_ood per ood* split when > 0); sampling temperature/top_p/top_k; prompt and
+    response buffer sizes; batch_size: sequences per sampler call (None: as a run's evaluation,
+    `evaluate_loop.rows_per_call`); prompt_format: chat, plain or raw; seed: examples and keys;
+    stop: rl.stop (strings or ids that end a response, as in training)."""
 
     k: int = 4
     n_samples: int | None = None
@@ -85,16 +86,22 @@ class EvalSettings:
     top_k: int = 0
     max_prompt_len: int = 64
     max_new_tokens: int = 32
-    batch_size: int = 32
+    batch_size: int | None = None
     prompt_format: str = "chat"
     seed: int = 0
+    stop: tuple[str | int, ...] = ()
+    n_examples_ood: int = 0
+
+    def size(self, split: str) -> int:
+        """Problems evaluated of a split named `split`."""
+        return self.n_examples_ood if split.startswith("ood") and self.n_examples_ood > 0 else self.n_examples
 
     def __post_init__(self) -> None:
         if self.k < 1:
             raise ValueError(f"k={self.k} must be >= 1")
         if self.n_samples is not None and self.n_samples < self.k:
             raise ValueError(f"n_samples={self.n_samples} must be >= k={self.k} (pass@k needs n >= k)")
-        if self.n_examples < 1 or self.batch_size < 1:
+        if self.n_examples < 1 or (self.batch_size is not None and self.batch_size < 1) or self.n_examples_ood < 0:
             raise ValueError("n_examples and batch_size must be >= 1")
 
     @property
@@ -106,11 +113,13 @@ class EvalSettings:
         """Defaults from a run config (its prompt format, buffers, temperature, eval_examples, seed)."""
         rl = config.rl
         values = dict(
-            n_examples=config.eval_examples, temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k,
-            max_prompt_len=rl.max_prompt_len, max_new_tokens=rl.max_new_tokens, batch_size=rl.batch_size,
-            prompt_format=config.task.prompt_format, seed=config.seed,
+            n_examples=config.eval_examples, n_examples_ood=config.eval_examples_ood, temperature=rl.temperature,
+            top_p=rl.top_p, top_k=rl.top_k, max_prompt_len=rl.max_prompt_len, max_new_tokens=rl.max_new_tokens,
+            prompt_format=config.task.prompt_format, seed=config.seed, stop=tuple(rl.stop),
         )
         values.update({k: v for k, v in changes.items() if v is not None})
+        if changes.get("n_examples") is not None:  # --n-examples: every split
+            values["n_examples_ood"] = 0
         return cls(**values)
 
 
@@ -156,64 +165,43 @@ def domain(split: Split, train_task: str | None = None) -> str:
 # ------------------------------------------------------------------------------------------ evaluation
 
 
-def _shards(mesh: Any) -> int:
-    return 1 if mesh is None else int(mesh.shape["data"] * mesh.shape["fsdp"])
-
-
-def complete(policy: Any, params: Any, texts: Sequence[str], params_s: sampling.SamplingParams, key: jax.Array,
-             prompts_per_call: int, max_prompt_len: int, mesh: Any = None, bar: Any = None) -> list[list[str]]:
-    """`params_s.n` completions of each text, `prompts_per_call` prompts per sampler call (the last call
-    padded with copies of its last prompt, so every call has the same shape and compiles once)."""
-    shards = _shards(mesh)
-    per_call = max(shards, -(-prompts_per_call // shards) * shards)
-    out: list[list[str]] = []
-    for b, i in enumerate(range(0, len(texts), per_call)):
-        chunk = list(texts[i : i + per_call])
-        padded = chunk + [chunk[-1]] * (per_call - len(chunk))
-        ids, mask = encode_prompts(padded, policy.tokenizer, max_prompt_len, policy.pad_id)
-        result = sampling.generate(params, policy.model, ids, mask, jax.random.fold_in(key, b), params_s, mesh=mesh)
-        decoded = decode_responses(policy.tokenizer, np.asarray(result.response_tokens_rn),
-                                   np.asarray(result.response_mask_rn))
-        n = params_s.n
-        out.extend(decoded[j * n : (j + 1) * n] for j in range(len(chunk)))
-        if bar is not None:
-            bar.update(len(chunk) * n)
-    return out
+def plan_of(s: EvalSettings, model: Any, splits: Sequence[str] = ()) -> evaluate_loop.EvalPlan:
+    """The evaluation core's plan (`kljax.train.evaluate_loop.EvalPlan`) for these settings and model."""
+    rows = s.batch_size or evaluate_loop.rows_per_call(model, 0, s.max_prompt_len + s.max_new_tokens, s.samples)
+    return evaluate_loop.EvalPlan(
+        splits=tuple(splits), n_examples=s.n_examples, n_examples_ood=s.n_examples_ood, seed=s.seed,
+        samples=s.samples, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_prompt_len=s.max_prompt_len,
+        max_new_tokens=s.max_new_tokens, rows_per_call=max(rows, 1 + s.samples), prompt_format=s.prompt_format,
+        stop=s.stop,
+    )
 
 
 def evaluate_split(policy: Any, params: Any, split: Split, s: EvalSettings, mesh: Any = None,
                    key: jax.Array | None = None, bar: Any = None) -> dict[str, Any]:
-    """Greedy accuracy/reward, mean@k, pass@k (and pass@1) of one split; also the greedy completions."""
+    """Greedy accuracy/reward, mean@k, pass@k (and pass@1) of one split, `greedy` and `sampled` with
+    their 95% intervals (`kljax.train.evaluate_loop`); also the greedy completions."""
     key = jax.random.PRNGKey(s.seed) if key is None else key
-    examples = split.task.examples(split.split, n=s.n_examples, seed=s.seed)
+    examples = split.task.examples(split.split, n=s.size(split.split), seed=s.seed)
     texts = prompt_texts(examples, split.task, policy.tokenizer, s.prompt_format)
-    stops = tuple(policy.stop_token_ids)
-    greedy_s = sampling.SamplingParams(greedy=True, temperature=0.0, max_new_tokens=s.max_new_tokens,
-                                       stop_token_ids=stops, n=1)
-    greedy = [c[0] for c in complete(policy, params, texts, greedy_s, key, s.batch_size, s.max_prompt_len, mesh, bar)]
-    g_rewards, g_correct = score_batch(split.task, examples, greedy)
-    n = s.samples
-    sample_s = sampling.SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                                       max_new_tokens=s.max_new_tokens, stop_token_ids=stops, n=n)
-    sampled = complete(policy, params, texts, sample_s, jax.random.fold_in(key, 1), max(1, s.batch_size // n),
-                       s.max_prompt_len, mesh, bar)
-    flat = [c for group in sampled for c in group]
-    rewards, correct = score_batch(split.task, [ex for ex in examples for _ in range(n)], flat)
-    correct_pn = np.asarray(correct, bool).reshape(len(examples), n)
+    plan = plan_of(s, policy.model, (split.split,))
+    o = evaluate_loop.evaluate_split(policy, params, examples, texts, evaluate_loop.scorer(split.task), plan, key,
+                                     mesh, None if bar is None else bar.update)
+    entry = evaluate_loop.summarize_split(o, plan)
     return {
         "task": split.task.name, "split": split.split, "n": len(examples),
-        "greedy_accuracy": float(np.mean(g_correct)), "greedy_reward": float(np.mean(g_rewards)),
-        "k": s.k, "n_samples": n, "temperature": s.temperature,
-        "mean_at_k": mean_at_k(correct_pn), "pass_at_k": mean_pass_at_k(correct_pn, s.k),
-        "pass_at_1": mean_pass_at_k(correct_pn, 1), "sample_reward": float(np.mean(rewards)),
-        "greedy_completions": greedy,
+        "greedy_accuracy": entry["accuracy"], "greedy_reward": entry["reward"],
+        "k": s.k, "n_samples": s.samples, "temperature": s.temperature,
+        "mean_at_k": mean_at_k(o.sampled_correct), "pass_at_k": mean_pass_at_k(o.sampled_correct, s.k),
+        "pass_at_1": mean_pass_at_k(o.sampled_correct, 1), "sample_reward": entry["sampled_reward"],
+        "greedy": entry["greedy"], "sampled": entry["sampled"], "problems": entry["problems"],
+        "greedy_completions": o.completions,
     }
 
 
 def evaluate(policy: Any, params: Any, splits: Sequence[Split], s: EvalSettings, mesh: Any = None,
              train_task: str | None = None, progress: bool = True) -> dict[str, dict[str, Any]]:
     """{spec: metrics} for every split (see `evaluate_split`), each tagged with its domain ("in"/"ood")."""
-    total = sum(min(s.n_examples, _split_size(sp, s)) for sp in splits) * (1 + s.samples)
+    total = sum(_split_size(sp, s) for sp in splits) * (1 + s.samples)
     results = {}
     with tqdm(total=total, disable=not progress, desc="kljax eval", unit="seq", dynamic_ncols=True) as bar:
         for i, sp in enumerate(splits):
@@ -233,19 +221,24 @@ def check_memory(splits: Sequence[Split], s: EvalSettings) -> None:
 def _split_size(split: Split, s: EvalSettings) -> int:
     """How many examples a split yields for n_examples (loaded sets may have fewer); for the bar only."""
     size = getattr(split.task, "default_size", {}).get(split.split)
-    return s.n_examples if size is None else min(size, s.n_examples)
+    return s.size(split.split) if size is None else min(size, s.size(split.split))
 
 
 def format_table(results: dict[str, dict[str, Any]]) -> str:
-    """A fixed-width table: split, domain, n, greedy accuracy, mean@k, pass@k."""
+    """A fixed-width table: split, domain, n, greedy accuracy and sampled accuracy (mean@k at the
+    temperature) with their 95% intervals, pass@k."""
     if not results:
         return "(no results)"
-    k = next(iter(results.values()))["k"]
+    first = next(iter(results.values()))
+    k, t = first["k"], first["temperature"]
     width = max(12, *(len(spec) for spec in results))
-    lines = [f"{'task:split':<{width}}  domain  {'n':>5}  greedy  mean@{k:<3} pass@{k:<3}"]
+    sampled = f"sampled T={t:g}, {first['n_samples']} per problem"
+    lines = [f"{'task:split':<{width}}  domain  {'n':>5}  {'greedy [95% interval]':<22}  {sampled:<30}  pass@{k}"]
     for spec, r in results.items():
-        lines.append(f"{spec:<{width}}  {r['domain']:<6}  {r['n']:>5}  {r['greedy_accuracy']:6.3f}  "
-                     f"{r['mean_at_k']:7.3f}  {r['pass_at_k']:7.3f}")
+        g, smp = r["greedy"], r["sampled"]
+        lines.append(f"{spec:<{width}}  {r['domain']:<6}  {r['n']:>5}  "
+                     f"{g['accuracy']:.3f} [{g['ci95'][0]:.3f}, {g['ci95'][1]:.3f}]  "
+                     f"{smp['accuracy']:.3f} [{smp['ci95'][0]:.3f}, {smp['ci95'][1]:.3f}]{'':<8}  {r['pass_at_k']:.3f}")
     return "\n".join(lines)
 
 

@@ -3,6 +3,7 @@
     write_json(path, obj)                  JSON with null for NaN/inf (never bare NaN)
     sample_records(step, examples, info, batch, group_size, n)  -> the samples.jsonl rows of a step
     eval_metrics(results)                  {"eval/SPLIT/accuracy": ..., "eval/SPLIT/reward": ...,
+                                           "eval/SPLIT/sampled_accuracy": ...,
                                            "eval/SPLIT/reward/NAME": ... (each reward function)}
     step_line(step, steps, row)            "step 3/10 reward=0.250 accuracy=0.125 kl_seq=0.012 ..."
 """
@@ -139,6 +140,8 @@ def eval_metrics(results: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
     for split, r in results.items():
         out[f"eval/{split}/accuracy"] = float(r["accuracy"])
         out[f"eval/{split}/reward"] = float(r["reward"])
+        if "sampled" in r:  # the accuracy of the policy trained (samples at rl.temperature)
+            out[f"eval/{split}/sampled_accuracy"] = float(r["sampled"]["accuracy"])
         for name, mean in r.get("rewards", {}).items():
             out[f"eval/{split}/reward/{name}"] = float(mean)
     return out

@@ -43,7 +43,7 @@ from kljax.tasks.base import Example
 from kljax.train import run_logs
 from kljax.train import state as st
 from kljax.train.checkpoint import RunCheckpointer
-from kljax.train.evaluate_loop import evaluate_splits
+from kljax.train.evaluate_loop import before_results, eval_note, evaluate_splits, plan_for_run, with_deltas
 from kljax.train.events import LoopObserver, Observers
 from kljax.train.metrics import MetricsWriter, to_python
 from kljax.train.resume_check import check_resume_workdir
@@ -237,6 +237,8 @@ def _train(config: RunConfig, workdir: Path, resume: str | None, progress: bool,
         if main:
             (workdir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
             (workdir / "samples.jsonl").unlink(missing_ok=True)
+        if main:
+            print(f"kljax train: {eval_note(plan_for_run(run), 'before training')}", flush=True)
         before = evaluate_splits(run, run.policy_params(state.params))
         if main:
             run_logs.write_json(workdir / "eval_before.json", before)
@@ -254,6 +256,9 @@ def _train(config: RunConfig, workdir: Path, resume: str | None, progress: bool,
     events.on_train_begin()
     done, row = start, {}
     nonfinite_run = 0
+    if main and start < config.steps:  # the first step's wait, said (kljax.train.evaluate_loop.eval_note)
+        print(f"kljax train: training {config.steps - start} steps; the first also compiles the train step "
+              "(on CPU a minute or more; a rerun reuses the compilation cache)", flush=True)
     bar = tqdm(range(start, config.steps), initial=start, total=config.steps, disable=not (progress and main),
                desc="kljax train", dynamic_ncols=True)
     for step in bar:
@@ -272,7 +277,8 @@ def _train(config: RunConfig, workdir: Path, resume: str | None, progress: bool,
         control = events.control
         every = config.eval_every
         if ((every and done % every == 0) or control.should_evaluate) and done < config.steps:
-            results = evaluate_splits(run, run.policy_params(state.params))
+            results = with_deltas(before_results(workdir), evaluate_splits(run, run.policy_params(state.params)),
+                                  plan_for_run(run).seed)
             row.update(run_logs.eval_metrics(results))
             if main:
                 run_logs.write_json(workdir / f"eval_step_{done}.json", results)
@@ -305,13 +311,15 @@ def _train(config: RunConfig, workdir: Path, resume: str | None, progress: bool,
         events.on_train_end()
         return {"before": {}, "after": {}, "params": run.policy_params(state.params), "stopped_at": done,
                 "policy": run.policy}
-    after = evaluate_splits(run, run.policy_params(state.params))
+    before_path = workdir / "eval_before.json"
+    before = json.loads(before_path.read_text()) if before_path.exists() else {}
+    if main:
+        print(f"kljax train: {eval_note(plan_for_run(run), 'after training')}", flush=True)
+    after = with_deltas(before, evaluate_splits(run, run.policy_params(state.params)), plan_for_run(run).seed)
     if main:
         run_logs.write_json(workdir / "eval_after.json", after)
     events.on_evaluate(after)
     events.on_train_end()
-    before_path = workdir / "eval_before.json"
-    before = json.loads(before_path.read_text()) if before_path.exists() else {}
     summary = {"before": before, "after": after, "params": run.policy_params(state.params), "policy": run.policy}
     exact_path = workdir / "exact_before.json"
     if run.exact is not None and exact_path.exists():

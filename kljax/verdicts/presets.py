@@ -40,8 +40,8 @@ PRESETS: tuple[tuple[KLConfig, str], ...] = tuple(
 def table_rows(run: RunObjective | None = None) -> list[dict]:
     """One dict per preset under the run's other settings (`run`, default: the default run's):
     name, the KL settings, aggregation, advantage, unbiased (for grad J up to a constant), verdict,
-    scale, gradient (of the whole objective), kl_gradient and kl_unbiased (the KL part alone),
-    unbiased_off_policy, off_policy_note, note."""
+    scale, gradient (of the whole objective), reasons (why it is biased), kl_gradient and kl_unbiased
+    (the KL part alone), unbiased_off_policy, off_policy_note, note."""
     run = run or RunObjective(KLConfig())
     rows = []
     for config, note in PRESETS:
@@ -59,6 +59,7 @@ def table_rows(run: RunObjective | None = None) -> list[dict]:
                 "verdict": info.verdict,
                 "scale": info.scale,
                 "gradient": info.gradient,
+                "reasons": list(info.reasons),
                 "kl_gradient": info.kl.gradient,
                 "kl_unbiased": info.kl.unbiased,
                 "unbiased_off_policy": info.kl.unbiased_off_policy,
