@@ -337,6 +337,11 @@ _TRANSLATORS: dict[str, Callable[[dict[str, Any], _Notes], RunObjective]] = {
 
 def overrides(run: RunObjective) -> list[str]:
     """`--config.kl.*` / `--config.rl.*` flags that give a kljax run this objective."""
+    return [f"--config.{k}={v}" for k, v in objective_fields(run).items()]
+
+
+def objective_fields(run: RunObjective) -> dict[str, Any]:
+    """The dotted kl.* / rl.* run config fields that give a kljax run this objective."""
     kl = run.kl
     flags = {f"kl.{k}": getattr(kl, k) for k in ("estimator", "placement", "credit", "scope", "off_policy", "beta")}
     if kl.target_kl is not None:
@@ -354,7 +359,7 @@ def overrides(run: RunObjective) -> list[str]:
             flags["rl.advantage_scale"] = run.advantage_scale
     if run.max_new_tokens is not None:
         flags["rl.max_new_tokens"] = run.max_new_tokens
-    return [f"--config.{k}={v}" for k, v in flags.items()]
+    return flags
 
 
 # Named peer settings behind the "who uses it" labels of `kljax kl-configs`.
