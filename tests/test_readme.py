@@ -189,3 +189,29 @@ def test_the_python_api_example_prompts_in_the_chat_template_and_scores_answers(
     answer = columns_of([example])["answer"][0]  # the column the reward function is called with
     completions = [[{"role": "assistant", "content": f"It is {answer}."}], [{"role": "assistant", "content": "No."}]]
     assert correct(completions, [answer] * 2) == [1.0, 0.0]
+
+
+def test_the_trl_job_runs_as_printed(tmp_path, monkeypatch):
+    """README's "Coming from TRL" job, as printed but for a tiny random model and 2 steps: a GRPOConfig
+    in, TRL's settings in config.json, TRL's metric names in metrics.jsonl, save_model's directory out."""
+    pytest.importorskip("trl")
+    from kljax.train.metrics import read_jsonl
+
+    text = (ROOT / "README.md").read_text()
+    code = re.search(r"## Coming from TRL\n.*?```python\n(.*?)```", text, re.S).group(1)
+    assert "GRPOTrainer" not in code.replace("# was: from trl import GRPOConfig, GRPOTrainer", "").replace(
+        "# was: GRPOTrainer(", "")
+    alphabet = "".join(sorted(set(string.ascii_letters + string.digits + " ?<>.")))
+    model_dir = tiny_chat_model(tmp_path / "tiny_chat", alphabet)
+    for old, new in (('model="default"', f"model={str(model_dir)!r}"), ("max_steps=50", "max_steps=2"),
+                     ("max_completion_length=64", "max_completion_length=6")):
+        assert old in code
+        code = code.replace(old, new)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {})  # noqa: S102 - the README's own example
+    config = json.loads((tmp_path / "runs/trl/config.json").read_text())
+    assert (config["kl"]["estimator"], config["kl"]["placement"], config["kl"]["beta"]) == ("k3", "loss", 0.04)
+    assert config["rl"]["group_size"] == 4 and config["reward"]["weights"] == [1.0, 0.1]
+    rows = read_jsonl(tmp_path / "runs/trl/metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2] and all("rewards/short/mean" in r for r in rows)
+    assert (tmp_path / "my-model" / "config.json").is_file()

@@ -44,6 +44,13 @@ class DataSource:
             return {"task.name": self.kinds[0], "task.path": self.paths[0]}
         return {"task.name": self.kinds[0], "task.path": f"train={self.paths[0]},test={self.paths[1]}"}
 
+    def rows(self) -> int:
+        """The training rows (the whole train split given; a path is read to count them)."""
+        import datasets
+
+        data = self.dataset if self.dataset is not None else _as_dataset(self.paths[0], None)
+        return len(data["train"] if isinstance(data, datasets.DatasetDict) else data)
+
     def record(self, workdir: Path, resuming: bool) -> None:
         """Save the dataset object as WORKDIR/data: kept as it is when the run resumes, replaced only when
         an earlier attempt of this run wrote it (marked), never over a directory kljax did not write."""

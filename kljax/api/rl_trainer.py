@@ -10,6 +10,8 @@
         config={"steps": 50, "kl": {"beta": 0.05}},   # a dict of fields, a config file, or a RunConfig
         workdir="runs/mine",
     )
+    # or a TRL job as it is: args=GRPOConfig(...) / RLOOConfig(...), callbacks=[TrainerCallback, ...],
+    # processing_class=tokenizer, peft_config=LoraConfig(...) (`kljax.api.trl_args`)
     result = trainer.train()                    # TrainResult: the trained policy, its metrics, evaluations
     trainer.save_pretrained("my-model")         # a Hugging Face checkpoint with its tokenizer
 
@@ -38,6 +40,8 @@ from kljax.api.inputs import (
     model_source,
     new_run_dir,
 )
+from kljax.api.trl_args import TrlTranslation, is_trl_config, lora_fields, translate_trl
+from kljax.api.trl_callbacks import TrainerCallbacks
 from kljax.boundary.reward_guard import in_process_guard
 from kljax.boundary.run import guarded_run
 from kljax.config.load import CONFIGS_DIR, load_run_config, with_fields
@@ -51,6 +55,7 @@ from kljax.train import trainer
 from kljax.train.export import EXPORT_DTYPES, EXPORT_FORMATS, export_run, is_run_workdir
 from kljax.train.metrics import read_jsonl
 from kljax.train.policy import Policy, model_and_tokenizer
+from kljax.train.reward_set import reward_functions
 from kljax.train.run_build import check_something_scores
 from kljax.train.tracking import check_installed
 from kljax.train.user_data import fit_prompt_len, restart_task_for_user_data
@@ -132,17 +137,50 @@ class RLTrainer:
     resume: False (new run; a workdir holding one is an error), True/"latest", "auto" or "strict"
     (`kljax.train.trainer.train`); progress: show a progress bar (else one line per step);
     overrides: "--config.a.b=value" strings or a dict of fields, set last (the CLI's flags).
+
+    TRL's arguments: args (or config) a `GRPOConfig` / `RLOOConfig` or a dict of their fields,
+    translated by `kljax.api.trl_args` (its output_dir is the workdir unless one is given);
+    callbacks: `transformers.TrainerCallback`s (`kljax.api.trl_callbacks`); processing_class: a
+    tokenizer whose chat template prompts the data (or chat_template: the template itself);
+    peft_config: a `peft.LoraConfig`, trained as kljax's LoRA adapters.
     """
 
     def __init__(self, model: str | os.PathLike | None = None, reward_funcs: Any = None,
                  reward_weights: Sequence[float] | None = None, train_dataset: Any = None, eval_dataset: Any = None,
-                 config: Any = None, workdir: str | os.PathLike | None = None, *, resume: bool | str = False,
-                 progress: bool = True, overrides: Sequence[str] | Mapping[str, Any] = ()):
+                 config: Any = None, workdir: str | os.PathLike | None = None, *, args: Any = None,
+                 callbacks: Sequence[Any] | None = None, processing_class: Any = None, chat_template: str | None = None,
+                 peft_config: Any = None, reward_processing_classes: Any = None,
+                 optimizers: tuple[Any, Any] = (None, None), resume: bool | str = False, progress: bool = True,
+                 overrides: Sequence[str] | Mapping[str, Any] = ()):
+        if args is not None and config is not None:
+            raise UserError("RLTrainer: give the settings once: args= (TRL's config) or config=, not both")
+        trl = args if args is not None else config if is_trl_config(config) else None
+        if args is not None and not is_trl_config(args):
+            raise UserError(f"RLTrainer: args={args!r} is a {type(args).__name__}; give a trl GRPOConfig or "
+                            "RLOOConfig (or a dict of their fields), or kljax's settings as config=")
+        if reward_processing_classes is not None:
+            raise UserError("RLTrainer: reward_processing_classes is not supported; a reward model is set with "
+                            "config reward.model (docs/configs.md)")
+        if tuple(optimizers or (None, None)) != (None, None):
+            raise UserError("RLTrainer: optimizers= is not supported; kljax's optimizer is AdamW with the config's "
+                            "optim.* settings (TRL's learning_rate, lr_scheduler_type, warmup and weight_decay map)")
+        self._data: DataSource | None = data_source(train_dataset, eval_dataset)
+        self.trl: TrlTranslation | None = None
+        if trl is not None:
+            self.trl = translate_trl(trl, rows=None)
+            if self.trl.epochs is not None:
+                if self._data is None:
+                    raise UserError("RLTrainer: TRL's num_train_epochs needs a train_dataset to count its rows; "
+                                    "give one, or set max_steps")
+                self.trl = translate_trl(trl, rows=self._data.rows())
+            if workdir is None and self.trl.output_dir:
+                workdir = self.trl.output_dir
+            config = dict(self.trl.fields)
         self.workdir = check_workdir(workdir) if workdir is not None else new_run_dir()
         self.resume, self.progress = check_resume(resume), bool(progress)
         if config is not None and not isinstance(config, (str, os.PathLike, Mapping, RunConfig)):
             raise UserError(f"RLTrainer: config={config!r} is a {type(config).__name__}; give a dict of fields, a "
-                            "config file path (.py, .yaml, .json) or a kljax RunConfig")
+                            "config file path (.py, .yaml, .json), a kljax RunConfig, or TRL's GRPOConfig as args=")
         self.reward_funcs = check_reward_funcs(reward_funcs)
         fields: dict[str, Any] = {}
         self._model = model_source(model, self.workdir)
@@ -150,12 +188,30 @@ class RLTrainer:
             fields["model.source"] = self._model.source
         if self.reward_funcs is not None:
             fields["reward.functions"] = [reward_spec_of(f) for f in self.reward_funcs]
+        if isinstance(config, Mapping) and self.trl is not None and "reward.weights" in config:
+            reward_weights = config.pop("reward.weights") if reward_weights is None else reward_weights
         if reward_weights is not None:
             fields["reward.weights"] = check_weights(reward_weights, self.reward_funcs)
-        self._data: DataSource | None = data_source(train_dataset, eval_dataset)
+        self.notes: list[str] = []
+        if peft_config is not None:
+            lora, self.notes = lora_fields(peft_config)
+            fields.update(lora)
+        template = chat_template if chat_template is not None else getattr(processing_class, "chat_template", None)
+        if processing_class is not None and not callable(getattr(processing_class, "apply_chat_template", None)):
+            raise UserError(f"RLTrainer: processing_class={processing_class!r} is a {type(processing_class).__name__}; "
+                            "give a transformers tokenizer (its chat template prompts the data)")
+        if template is not None:
+            if not isinstance(template, str):
+                raise UserError(f"RLTrainer: chat_template={template!r} must be a Jinja template string")
+            fields["model.chat_template"] = template
         if self._data is not None:
             fields.update(self._data.fields(self.workdir))
         config, explicit = run_config(config, overrides, model, fields)
+        if self.reward_funcs is None and config.reward.timeout_s is None:  # a recorded spec that cannot load: now
+            try:
+                reward_functions(config.reward)
+            except ValueError as e:
+                raise UserError(f"RLTrainer: {e}") from None
         if self._data is not None and self._data.dataset is not None:  # the rows are known: say it now
             check_something_scores(config)
         if self._model is None or self._model.run is None:
@@ -163,6 +219,9 @@ class RLTrainer:
         check_installed(config.logging)  # a W&B / MLflow tracker that is not installed: one line, up front
         self.config, self.explicit = config, explicit
         self.result: TrainResult | None = None
+        self.callbacks = TrainerCallbacks(callbacks, trl) if callbacks is not None else None
+        if self.callbacks is not None:
+            self.callbacks.init_end()
 
     def train(self, stop_after: int | None = None) -> TrainResult:
         """Run (or resume) training; the trained policy, its metrics and the evaluations before/after."""
@@ -183,8 +242,13 @@ class RLTrainer:
                 self._data.record(workdir, resuming)  # the data copy, after the workdir checks
             config = fit_prompt_len(config, self.explicit)
             self.config = config
+            if distributed.is_main_process():  # beside the verdict the run prints next
+                for line in (self.trl.report() if self.trl is not None else []) + self.notes:
+                    print(line if line.startswith("kljax") else f"kljax: {line}", flush=True)
+            mine = [self.callbacks] if self.callbacks is not None else []
             return trainer.train(config, workdir, resume=self.resume, progress=self.progress, stop_after=stop_after,
-                                 functions=self.reward_funcs, observers=observers, reward_guard=in_process_guard)
+                                 functions=self.reward_funcs, observers=[*observers, *mine],
+                                 reward_guard=in_process_guard)
 
         summary = guarded_run(workdir, run, lock=distributed.is_main_process())
         policy = dataclasses.replace(summary["policy"], params=summary["params"])
@@ -212,3 +276,11 @@ class RLTrainer:
             raise UserError(f"{where}: {self.workdir} holds no trained run yet; call train() first")
         written, _ = export_run(self.workdir, out_dir, step=step, dtype=dtype, overwrite=overwrite, fmt=format)
         return written
+
+    def save_model(self, output_dir: str | os.PathLike | None = None, _internal_call: bool = False) -> Path:
+        """TRL's (transformers') name for `save_pretrained(output_dir)`; the directory must be given
+        (the run's own workdir is never written over)."""
+        if output_dir is None:
+            raise UserError("RLTrainer.save_model: give output_dir, a directory outside the run "
+                            f"({self.workdir}); TRL's default, the run's own output_dir, is not written over")
+        return self.save_pretrained(output_dir)

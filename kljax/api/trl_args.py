@@ -29,7 +29,7 @@ TRL_VERSION = "TRL 1.16.0"
 COMMON: dict[str, Any] = {
     "output_dir": None, "max_steps": -1, "num_train_epochs": 3.0, "save_steps": 500, "save_total_limit": None,
     "eval_strategy": "no", "eval_steps": None, "seed": 42, "report_to": "none", "run_name": None,
-    "learning_rate": 1e-6, "lr_scheduler_type": "linear", "warmup_steps": 0, "warmup_ratio": None,
+    "learning_rate": 1e-6, "lr_scheduler_type": "linear", "warmup_steps": 0,
     "weight_decay": 0.0, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8, "max_grad_norm": 1.0,
     "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "steps_per_generation": None,
     "gradient_checkpointing": True, "bf16": None, "fp16": False, "max_completion_length": 512, "temperature": 1.0,
@@ -290,3 +290,50 @@ def _no_effect(changed: Mapping[str, Any], mapped: set[str], approx: list[str]) 
         why = next((w for prefix, w in NO_EFFECT.items() if key.startswith(prefix)), "not a setting of kljax")
         out.append(f"{key}={value!r} ({why})")
     return out
+
+
+PEFT_TARGETS = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "gate_proj": "gate", "up_proj": "up",
+                "down_proj": "down"}
+PEFT_DEFAULTS = {"lora_dropout": 0.0, "bias": "none", "modules_to_save": None, "use_dora": False,
+                 "fan_in_fan_out": False, "init_lora_weights": True, "layers_to_transform": None,
+                 "rank_pattern": {}, "alpha_pattern": {}, "exclude_modules": None}
+
+
+def lora_fields(peft_config: Any) -> tuple[dict[str, Any], list[str]]:
+    """(model.lora.* fields, what differs from PEFT) of a `peft.LoraConfig` (or a dict of its fields):
+    r, lora_alpha, target_modules (names ending in q/k/v/o/gate/up/down_proj, or "all-linear") and
+    use_rslora (scale alpha / sqrt(r), as alpha * sqrt(r) / r) map exactly; a setting kljax's adapters
+    do not have is a UserError naming it, except dropout (named: kljax's adapters have none)."""
+    get = peft_config.get if isinstance(peft_config, Mapping) else (lambda k, d=None: getattr(peft_config, k, d))
+    if not isinstance(peft_config, Mapping) and get("r") is None:
+        raise UserError(f"RLTrainer: peft_config={peft_config!r} is a {type(peft_config).__name__}; give a "
+                        "peft.LoraConfig (or a dict of its fields)")
+    if str(get("peft_type", "LORA")).upper().rsplit(".", 1)[-1] != "LORA":
+        raise UserError(f"RLTrainer: peft_config is a {get('peft_type')} config; kljax trains LoRA adapters only")
+    r, alpha = int(get("r", 8)), float(get("lora_alpha", 8))
+    modules = get("target_modules")
+    if modules is None or modules == "all-linear":
+        targets = list(PEFT_TARGETS.values())
+    elif isinstance(modules, str):
+        raise UserError(f"RLTrainer: peft_config.target_modules={modules!r} (a regular expression) is not supported; "
+                        f"list module names from {sorted(PEFT_TARGETS)} or 'all-linear'")
+    else:
+        names = [str(m).rsplit(".", 1)[-1] for m in modules]
+        bad = sorted(n for n in names if n not in PEFT_TARGETS)
+        if bad:
+            raise UserError(f"RLTrainer: peft_config.target_modules {bad} have no kljax adapter; choose from "
+                            f"{sorted(PEFT_TARGETS)} or 'all-linear'")
+        targets = [t for name, t in PEFT_TARGETS.items() if name in names]
+    notes = []
+    if get("use_rslora", False):
+        alpha = alpha * r ** 0.5  # kljax scales by alpha / r
+    for key, default in PEFT_DEFAULTS.items():
+        value = get(key, default)
+        if value in (default, None, {}, [], ()) or (key == "init_lora_weights" and value is True):
+            continue
+        if key == "lora_dropout":
+            notes.append(f"lora_dropout={value}: kljax's adapters have no dropout (PEFT's is off at inference)")
+            continue
+        raise UserError(f"RLTrainer: peft_config.{key}={value!r} is not supported by kljax's adapters (r, lora_alpha, "
+                        "target_modules and use_rslora are)")
+    return {"model.lora.rank": r, "model.lora.alpha": alpha, "model.lora.targets": ",".join(targets)}, notes

@@ -130,7 +130,8 @@ class TabularSection:
 class ModelSection:
     """model: source ("tiny", "default" = SmolLM2-135M-Instruct, "tabular", or an HF checkpoint
     directory), dtypes, layer scan, rematerialization, kernels ("auto": the XLA-CPU kernels on a CPU,
-    plain JAX elsewhere), LoRA adapters."""
+    plain JAX elsewhere), LoRA adapters; chat_template: a Jinja chat template replacing the
+    tokenizer's own ("": the tokenizer's; RLTrainer's processing_class / chat_template set it)."""
 
     source: str = "default"
     dtype: str = "float32"
@@ -141,8 +142,12 @@ class ModelSection:
     lora: LoraSection = LoraSection()
     tiny: TinySection = TinySection()
     tabular: TabularSection = TabularSection()
+    chat_template: str = ""
 
     def __post_init__(self) -> None:
+        if self.chat_template and self.source in ("tiny", "tabular"):
+            raise UserError(f"config.model.chat_template needs a Hugging Face tokenizer; model.source={self.source!r} "
+                            "has its own symbol tokenizer and no chat template")
         for name, valid in (("dtype", DTYPES), ("param_dtype", DTYPES), ("remat", REMAT_POLICIES),
                             ("kernels", KERNELS)):
             choice(f"config.model.{name}", getattr(self, name), valid)

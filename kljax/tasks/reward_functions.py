@@ -205,7 +205,10 @@ def resolve(spec: str) -> RewardFn:
     fn = getattr(module, attr, None)
     if not callable(fn):
         found = sorted(n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n)))
-        raise ValueError(f"reward function {spec!r}: {target!r} has no function {attr!r}; it has {found}")
+        raise ValueError(f"reward function {spec!r}: {target!r} has no function {attr!r} (it has {found}); a "
+                         "function object made by a factory, a closure or a lambda is recorded by its name only: "
+                         "rerun from Python with reward_funcs=[the object] and config='RUN/config.json', or write "
+                         "it in a file and give 'file.py:fn'")
     return fn
 
 

@@ -4,7 +4,7 @@ The loop (`kljax.train.trainer`) calls each `LoopObserver` method at its moment 
 `LoopState` (global_step, max_steps, epoch, log_history) and one `LoopControl` whose flags it
 honours: should_training_stop ends the run after the step (checkpointing first), should_save
 checkpoints after it, should_evaluate evaluates after it. The flags are reset after each step.
-transformers' `TrainerCallback`s are adapted to this (`kljax.trl`); the fault boundary checks for
+transformers' `TrainerCallback`s are adapted to this (`kljax.api.trl_callbacks`); the fault boundary checks for
 a lost Ctrl-C at every step_begin.
 """
 
@@ -53,6 +53,10 @@ class LoopObserver:
 
     def on_train_end(self, state: LoopState, control: LoopControl) -> None: ...
 
+    def reward_state(self, state: LoopState, trainer_state: Any) -> Any:
+        """The `trainer_state` the reward functions get (None: kljax's own `trainer_state`)."""
+        return None
+
 
 class Observers:
     """Calls every observer's method in order."""
@@ -60,6 +64,14 @@ class Observers:
     def __init__(self, observers: Sequence[LoopObserver] = ()) -> None:
         self.observers = list(observers)
         self.state, self.control = LoopState(), LoopControl()
+
+    def reward_state(self, trainer_state: Any) -> Any:
+        """The first observer's `reward_state`, else `trainer_state` itself."""
+        for observer in self.observers:
+            chosen = observer.reward_state(self.state, trainer_state)
+            if chosen is not None:
+                return chosen
+        return trainer_state
 
     def __getattr__(self, name: str) -> Any:
         if not name.startswith("on_"):

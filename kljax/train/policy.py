@@ -105,6 +105,8 @@ def load_policy(section: ModelSection, mesh: Any, seed: int = 0, task: Any = Non
     model_dir = default_model_dir() if section.source == "default" else section.source
     model = check_hf_dir(model_dir, **_runtime(section))  # names and shapes, before reading a weight
     tokenizer = load_hf_tokenizer(model_dir)
+    if section.chat_template:  # RLTrainer(processing_class=...) / model.chat_template
+        tokenizer.chat_template = section.chat_template
     check_vocab(model, len(tokenizer))
     check(model, tokenizer)
     params, model = load_hf_checkpoint(model_dir, mesh=mesh, **_runtime(section))

@@ -25,7 +25,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -122,14 +122,22 @@ def step_examples(run: Run, step: int) -> list[Example]:
     return run.task.examples(c.task.split, n=c.rl.prompts_per_step, seed=_step_seed(c.seed, step))
 
 
+def _trainer_state(run: Run, step: int) -> Any:
+    """TRL's `trainer_state` before 0-based `step` (global_step = step, epoch, max_steps)."""
+    c = run.config
+    return trainer_state(run.task, c.task.split, step, step * c.rl.prompts_per_step + run.data_offset, c.steps)
+
+
 def iteration(run: Run, state: st.TrainState, ref_params: Any, step: int, *, beta: float,
-              snapshots: Sequence[Any] = (), examples: Sequence[Example] | None = None) -> Iteration:
+              snapshots: Sequence[Any] = (), examples: Sequence[Example] | None = None,
+              reward_state: Callable[[Any], Any] | None = None) -> Iteration:
     """One RL iteration at 0-based `step`: rollout (sample, reward, score) -> rl.updates_per_batch
     train steps -> the metrics row; the loop body of `train`, and what `kljax bench rl` times.
 
     `state` is donated to the train step: use only the returned one. `snapshots` is the queue of
     rl.async_level earlier parameters (the sampler uses the oldest); `examples` overrides the step's
-    prompts (`step_examples`), e.g. for a benchmark that must feed another trainer the same ones.
+    prompts (`step_examples`), e.g. for a benchmark that must feed another trainer the same ones;
+    `reward_state(trainer_state)` picks the reward functions' `trainer_state` (the observers').
     """
     config, rl, kl = run.config, run.config.rl, run.config.kl
     t_step = time.perf_counter()
@@ -139,8 +147,7 @@ def iteration(run: Run, state: st.TrainState, ref_params: Any, step: int, *, bet
         raise ValueError(f"rl.async_level={rl.async_level} needs the queue of earlier parameters (snapshots)")
     sampler_params = run.policy_params(snapshots[0] if rl.async_level else state.params)
     if run.reward is not None:  # TRL's `trainer_state` argument of the reward functions
-        run.reward.state = trainer_state(run.task, config.task.split, step,
-                                         step * rl.prompts_per_step + run.data_offset, config.steps)
+        run.reward.state = (reward_state or (lambda s: s))(_trainer_state(run, step))
     batch, info = rollout(run.rollout_setup, examples, sampler_params=sampler_params,
                           params=run.policy_params(state.params), ref_params=ref_params, beta=beta, key=key)
     queue = collections.deque(snapshots, maxlen=max(rl.async_level, 1))  # a new one: the caller's is left as is
@@ -239,6 +246,8 @@ def _train(config: RunConfig, workdir: Path, resume: str | None, progress: bool,
             (workdir / "samples.jsonl").unlink(missing_ok=True)
         if main:
             print(f"kljax train: {eval_note(plan_for_run(run), 'before training')}", flush=True)
+        if run.reward is not None:  # the evaluation's rewards see step 0 of a run of config.steps
+            run.reward.state = events.reward_state(_trainer_state(run, start))
         before = evaluate_splits(run, run.policy_params(state.params))
         if main:
             run_logs.write_json(workdir / "eval_before.json", before)
@@ -263,7 +272,7 @@ def _train(config: RunConfig, workdir: Path, resume: str | None, progress: bool,
                desc="kljax train", dynamic_ncols=True)
     for step in bar:
         events.on_step_begin()
-        it = iteration(run, state, ref_params, step, beta=beta, snapshots=snapshots)
+        it = iteration(run, state, ref_params, step, beta=beta, snapshots=snapshots, reward_state=events.reward_state)
         state, snapshots, beta, row = it.state, it.snapshots, it.beta, it.row
         every = config.log_samples_every
         if every and (step + 1) % every == 0 and main and jax.process_count() == 1:
@@ -272,7 +281,7 @@ def _train(config: RunConfig, workdir: Path, resume: str | None, progress: bool,
             run_logs.append_jsonl(workdir / "samples.jsonl", records)
         del it  # the batch and rollout info are not needed past the iteration
         done = step + 1
-        events.state.global_step = done
+        events.state.global_step, events.state.epoch = done, _trainer_state(run, done).epoch
         events.on_step_end()
         control = events.control
         every = config.eval_every
@@ -315,6 +324,8 @@ def _train(config: RunConfig, workdir: Path, resume: str | None, progress: bool,
     before = json.loads(before_path.read_text()) if before_path.exists() else {}
     if main:
         print(f"kljax train: {eval_note(plan_for_run(run), 'after training')}", flush=True)
+    if run.reward is not None:
+        run.reward.state = events.reward_state(_trainer_state(run, done))
     after = with_deltas(before, evaluate_splits(run, run.policy_params(state.params)), plan_for_run(run).seed)
     if main:
         run_logs.write_json(workdir / "eval_after.json", after)
