@@ -11,5 +11,5 @@ def get_config():
         "task": {"name": "repeat_digit", "eval_splits": "test", "prompt_format": "raw"},
         "rl": {"group_size": 4, "prompts_per_step": 8, "max_prompt_len": 4, "max_new_tokens": 6, "temperature": 1.0},
         "kl.beta": 0.01,
-        "optim.learning_rate": 5e-3,  # 1e-2 rose on some seeds and collapsed on others: docs/performance.md
+        "optim.learning_rate": 5e-3,  # 1e-2 rose on some seeds and collapsed on others: docs/experiments.md
     }

@@ -1,18 +1,16 @@
 """Ctrl-C that always stops a run, once, with exit status 130: SIGINT is counted as well as raised.
 
-Python's own SIGINT handler raises KeyboardInterrupt wherever the main thread happens to be. Three
-places make that go wrong, each seen in runs stopped during start-up:
-- a garbage-collector callback (JAX registers one, `_xla_gc_callback`) or a `__del__`: Python prints
-  "Exception ignored in ..." and goes on, and the Ctrl-C is lost (3 runs in 8 finished with status 0);
-- an import: a KeyboardInterrupt raised while a C++ extension's module initialiser runs Python
-  (`import torch`, from tensorboardX) aborts the process (status -6, a pybind11 "terminate called");
-- a late re-delivery: a Ctrl-C re-raised after the first one was reported escapes the command's
-  handler (status -2).
-Under `sticky_sigint()` the handler counts the signal; inside a gc callback, a `__del__` or an import
-it raises nothing and interrupts the main thread again 50 ms later (until it is outside); `check()`
-at the trainer's safe points raises KeyboardInterrupt while one is pending, and `sticky_sigint`
-raises it on exit if nothing did. Once `reported()` says the Ctrl-C ends the command, further SIGINTs
-(a re-delivery, or the user pressing again) are ignored until the block ends.
+Python's own SIGINT handler raises KeyboardInterrupt wherever the main thread happens to be, which goes
+wrong in three places:
+- a garbage-collector callback (JAX registers one) or a `__del__`: Python prints "Exception ignored in ..."
+  and goes on, and the Ctrl-C is lost (the run finishes with status 0);
+- an import: raised while a C++ extension's initialiser runs Python (`import torch`), it aborts the process;
+- a late re-delivery: a Ctrl-C re-raised after the first one was reported escapes the command's handler.
+Under `sticky_sigint()` the handler counts the signal; inside a gc callback, a `__del__` or an import it
+raises nothing and interrupts the main thread again `REDELIVER_S` later (until it is outside); `check()` at
+the trainer's safe points raises KeyboardInterrupt while one is pending, and `sticky_sigint` raises it on
+exit if nothing did. Once `reported()` says the Ctrl-C ends the command, further SIGINTs (a re-delivery, or
+the user pressing again) are ignored until the block ends.
 """
 
 from __future__ import annotations

@@ -5,27 +5,14 @@
     guard.problem   # None, or what the function did, in a few words
 
 While the guard is active:
-- `os._exit(n)` raises `ExitCalled` instead of ending the process (a BaseException, so the function's
-  own `except Exception` does not swallow it); `problem` says "called os._exit(n)".
-- a thread the function starts is a daemon (it cannot keep the process alive once the run ends), and
-  a child the function forks ends when the function returns in it (it does not run the loop too).
-- the standard streams (fds 0-2) are duplicated first, to descriptor numbers just under the
-  RLIMIT_NOFILE limit (out of reach of a `closerange(0, 4096)` where the limit is higher); one the
-  function closed is restored after it (so the run can still print its error), and a descriptor the
-  process holds for good that the function closed is named in `problem` ("closed file descriptors
-  [2, 7]"). Held for good: a standard stream, or one open both after the previous guarded call and
-  before this one (a file another thread opens and closes meanwhile is not the function's doing); at
-  the first call, every one open.
-- `faulthandler` writes a fatal error (a segmentation fault in the function's native code, an abort)
-  into a pipe read by a small watcher process, started with the first call (`python -I`, nothing
-  imported but `re` and `sys`): when the process dies so, the watcher prints one line
-  `kljax train: error: the process died of a Segmentation fault in reward function 'f' (r.py:f), run
-  in process (at FILE line N in FN); ...`, instead of nothing (rc 139). The run cannot survive it;
-  reward.timeout_s runs functions in worker processes, where a crash is one error for that function.
-Descriptors are read from /proc/self/fd (Linux); elsewhere only the standard streams are checked.
-After descriptors were closed the run stops: other threads' and finalizers' errors of the closed
-files (TensorBoard's writer, ...) are then not printed, so the one line naming the function is what
-the user reads.
+- `os._exit(n)` raises `ExitCalled` instead (a BaseException, so the function's own `except Exception` does
+  not swallow it); `problem` says "called os._exit(n)";
+- a thread the function starts is a daemon, and a child it forks ends when the function returns in it;
+- the standard streams survive the function closing them, and a descriptor the process holds for good that
+  the function closed is named in `problem`, after which the run stops (`Guard`);
+- a fatal error in its native code (a segmentation fault, an abort) is reported in one line naming the
+  function (`_crash_report_fd`) instead of nothing (rc 139). The run cannot survive it; reward.timeout_s runs
+  functions in worker processes, where a crash is one error for that function.
 """
 
 from __future__ import annotations
@@ -46,6 +33,17 @@ _FD_DIR = Path("/proc/self/fd")
 
 
 class Guard:
+    """`problem`: None, or what the guarded call did ("called os._exit(3)", "closed file descriptors [2, 7]").
+
+    The standard streams (fds 0-2) are duplicated first, to numbers just under the RLIMIT_NOFILE limit (out
+    of reach of a `closerange(0, 4096)` where the limit is higher); one the function closed is restored after
+    it, so the run can still print its error. Held for good: a standard stream, or a descriptor open both
+    after the previous guarded call and before this one (a file another thread opens and closes meanwhile is
+    not the function's doing); at the first call, every one open. Read from /proc/self/fd (Linux); elsewhere
+    only the standard streams are checked. After descriptors were closed the run stops: other threads' and
+    finalizers' errors of the closed files are not printed, so the line naming the function is what is read.
+    """
+
     problem: str | None = None
 
 
@@ -99,7 +97,10 @@ _watcher_fd: int | None = None  # the write end of the watcher's pipe, close-on-
 
 
 def _crash_report_fd() -> int | None:
-    """The descriptor faulthandler writes to during guarded calls (the watcher started once), or None."""
+    """The descriptor faulthandler writes to during guarded calls, or None: a pipe read by a watcher process
+    started with the first call (`python -I`, importing only `re` and `sys`). When the process dies of a fatal
+    error the watcher prints `kljax train: error: the process died of a Segmentation fault in reward function
+    'f' (r.py:f), run in process (at FILE line N in FN); ...`."""
     global _watcher_fd
     if _watcher_fd is None:
         import subprocess

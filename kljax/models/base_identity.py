@@ -5,7 +5,7 @@ records {"source": the model source, "path": the checkpoint directory it was rea
 "sha256": a content hash}, and a run resumed (or evaluated, exported) on another base is refused.
 
 The hash covers the weight files of a checkpoint directory (each *.safetensors file's name and
-bytes, in name order: about a second per GB read) or, for the tiny random model, the parameter
+bytes, in name order; reading them is the cost) or, for the tiny random model, the parameter
 arrays themselves (its weights come from the seed, not from a file).
 """
 

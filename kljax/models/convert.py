@@ -11,9 +11,8 @@ before reading a byte of weights, then reads one tensor at a time; for a stacked
 fills one host buffer [L, ...] and puts it straight onto its target `NamedSharding`, so host memory
 peaks at the largest stacked parameter, never the whole model.
 
-Tensors are read with a small memory-mapped safetensors reader rather than `safe_open`: numpy has
-no bfloat16, so `safe_open(framework="np")` refuses BF16 checkpoints; `ml_dtypes` reads them here
-without torch and without a round trip through an accelerator.
+Tensors are read with a small memory-mapped reader rather than `safe_open(framework="np")`, which refuses
+BF16 checkpoints (numpy has no bfloat16); `ml_dtypes` reads them without torch or an accelerator.
 """
 
 from __future__ import annotations

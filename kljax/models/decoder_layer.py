@@ -26,7 +26,7 @@ Params = Any
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class KVCache:
-    """Stacked per-layer key/value buffers; see the module docstring for the contract.
+    """Stacked per-layer key/value buffers; the contract is `transformer.apply_with_cache`'s.
 
     k, v: [L, B, S, Kv, Dh] (keys after RoPE); mask: bool [B, S], True where a slot holds a token.
     """

@@ -2,21 +2,17 @@
 gradients into an accumulator in place.
 
 Accumulating micro-batch gradients as `acc + grad(loss_k)` holds two gradient trees at once: the
-accumulator, and the micro-batch's gradient, which the backward of `lax.scan` over the layers
-writes into fresh stacked [L, ...] buffers before the sum. PyTorch adds into `.grad` in place;
-this is the same for the stacked layers. Measured by XLA's memory analysis of a SmolLM2-135M
-float32 update (32 x 125 tokens, remat='full', 8 micro-batches) with the in-place optimizer
-update: temporaries 1.13 -> 0.74 GiB.
+accumulator, and the micro-batch's gradient, which the backward of `lax.scan` over the layers writes
+into fresh stacked [L, ...] buffers before the sum (docs/performance.md has XLA's temporaries). PyTorch
+adds into `.grad` in place; this is the same for the stacked layers:
 
     accumulate_layers(layers, acc, x, rope, allowed, config) = the layer scan of
         `transformer.forward_hidden` (no cache) applied to x                 (forward)
     the cotangent it returns for `layers` is acc + d(loss)/d(layers)          (backward)
 
-so `jax.grad` of a loss built on it, taken with respect to the params, gives the layers' entry of
-the accumulated sum directly. The backward is a reverse `lax.scan` over the layers that carries
-`acc` and writes layer i's sum back in place; it recomputes each layer from its saved input (as
-remat='full' does), so only one layer's activations exist at a time. `acc` itself gets no
-cotangent: the loss does not depend on it.
+so `jax.grad` of a loss built on it gives the layers' entry of the accumulated sum directly. The backward
+is a reverse `lax.scan` that carries `acc` and writes layer i's sum back in place, recomputing each layer
+from its saved input (as remat='full'), so one layer's activations exist at a time. `acc` gets no cotangent.
 """
 
 from __future__ import annotations

@@ -1,38 +1,18 @@
 """LoRA adapters on the transformer's projections, as pure functions over the params pytree.
 
-For a target projection y = x . W (W [in..., out...], contracted over x's last n_in axes) the
-adapted projection is
-
+For a target projection y = x . W (W [in..., out...], contracted over x's last n_in axes):
     y = x . W + s * (x . A) . B,     A [in..., r],  B [r, out...],  s = alpha / r
-
-with A ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)) and B = 0 at initialisation (PEFT's defaults), so the
-adapted model equals the base exactly until the first update. Targets: any of q, k, v, o, gate,
-up, down (`TARGETS`); A and B are stacked on the leading `layers` axis like every layer weight and
-live in params["layers"] beside the base weight, named `{target}_lora_a` / `{target}_lora_b`.
-
-    adapters = init_adapters(config, key)       # {"layers": {"q_lora_a": [L, D, r], "q_lora_b": [L, r, H, Dh], ...}}
-    params   = combine(base, adapters)          # the adapted policy; `base` alone is the reference
-    merged   = merge(params, config)            # W + s A.B, adapters removed: a plain model again
-
-The forward (`decoder_layer.decoder_layer` through `project`) applies an adapter exactly where the params
-tree carries one, so the reference policy is the same function on the base tree alone: one copy of
-the base weights serves the policy and the reference. Only the adapters are trained (the train
-state's params are the adapter tree; `kljax.train.step` combines them with the frozen base).
-
-Sharding (`logical_axes`): A has its base weight's input axes and B its output axes (so A [L, D, r]
-splits D over fsdp like the base's D, B [L, r, H, Dh] splits heads over tensor); the rank axis
-is replicated. So the adapters are sharded, not replicated, along every axis their base weight
-shards: on an fsdp-only mesh the B of q, k, v, gate, up and the A of o, down have no fsdp axis and
-sit whole on each device (rank 16 on Qwen2.5-7B: 0.11 GiB per device at fsdp=8, 0.15 GiB in all,
-per `kljax plan`). The base is sharded as in full fine-tuning. Adapters are float32 whatever the
-base's dtype (the base may be bfloat16); they are cast to the compute dtype at use, like every
-parameter.
-
-Why plain JAX and not qwix or flax's LoRA: qwix adds adapters by intercepting the einsums of flax
-modules, and flax's `nnx.LoRA` is a module holding its own state; this model is pure functions over
-a dict of stacked [L, ...] arrays (scanned, sharded by logical axes, converted to and from HF by a
-table), which neither can wrap without rebuilding the model as flax modules. Two small matmuls per
-target are all LoRA needs here.
+with A ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)) and B = 0 at initialisation (PEFT's defaults), so the adapted
+model equals the base until the first update. Targets: any of `TARGETS` (q, k, v, o, gate, up, down); A, B
+are stacked on the `layers` axis and live in params["layers"] as `{target}_lora_a` / `{target}_lora_b`:
+    params = combine(base, init_adapters(config, key))   # `base` alone is the reference
+    merged = merge(params, config)                       # W + s A.B, adapters removed
+The forward applies an adapter exactly where the tree carries one, so one copy of the base serves policy
+and reference; only the adapters are trained (`kljax.train.step` combines them with the frozen base).
+Sharding (`logical_axes`): A has its base weight's input axes, B its output axes, the rank axis replicated
+(on an fsdp-only mesh the B of q, k, v, gate, up and the A of o, down sit whole on each device). Adapters are
+float32 whatever the base's dtype, cast to the compute dtype at use. Plain JAX rather than qwix or flax's
+LoRA: those wrap flax modules, and this model is pure functions over a dict of stacked arrays.
 """
 
 from __future__ import annotations
@@ -110,7 +90,8 @@ def _require(config: ModelConfig) -> LoraConfig:
 
 
 def init_adapters(config: ModelConfig, key: jax.Array) -> Params:
-    """{"layers": {name: array}}: A uniform in +-1/sqrt(fan_in), B zero (float32)."""
+    """{"layers": {"q_lora_a": [L, D, r], "q_lora_b": [L, r, H, Dh], ...}}: A uniform in +-1/sqrt(fan_in),
+    B zero (float32)."""
     table = _table(config)
     keys = jax.random.split(key, len(table))
     layers = {}

@@ -1,38 +1,16 @@
 """One decoder-only transformer (Llama, Qwen2/2.5, Qwen3) as pure functions over a params pytree.
 
-Parameters are a nested dict of arrays. Layer parameters are always stacked on a leading `layers`
-axis (one layout for conversion, sharding and checkpoints); `config.scan_layers` only chooses
-whether the forward runs them with `lax.scan` (one compiled layer) or a Python loop.
-
-    embed       [V, D]           (vocab, embed)
-    lm_head     [D, V]           (embed, vocab)          only when embeddings are untied
-    final_norm  [D]              (embed,)
-    layers/attn_norm, mlp_norm   [L, D]
-    layers/q    [L, D, H, Dh]    (layers, embed, heads, head_dim)
-    layers/k, v [L, D, Kv, Dh]   (layers, embed, kv_heads, head_dim)
-    layers/o    [L, H, Dh, D]    (layers, heads, head_dim, embed)
-    layers/gate, up [L, D, F]    (layers, embed, mlp);  layers/down [L, F, D]
-    layers/q_bias [L, H, Dh], k_bias, v_bias [L, Kv, Dh]   (qkv bias: Qwen2, attention_bias=True)
-    layers/o_bias [L, D]                                    (attention_bias=True, Llama/Qwen3)
-    layers/q_norm, k_norm [L, Dh]                           (Qwen3 per-head RMSNorm)
-
-Inputs are `tokens_bt` int32 [B, T], `mask_bt` bool [B, T] (False = padding; left padding is the
-norm) and `positions_bt` int32 [B, T] (RoPE positions, e.g. `positions_from_mask(mask_bt)`).
-Attention is causal over the token index, and a query attends only to keys whose mask is True.
-Rows of padding get finite garbage, never NaN. Compute runs in `config.dtype`, RMSNorm statistics,
-softmax and logits in float32.
-
-KV-cache contract (for the sampler; see `apply_with_cache`):
-  * `KVCache(k, v, mask)`: `k`, `v` are [L, B, S, Kv, Dh] in `config.dtype` (keys stored after
-    RoPE, so positions never need to be re-applied), `mask` is bool [B, S] saying which slots hold
-    real tokens. `init_cache(config, B, S)` makes an empty one.
-  * A call with T new tokens and write index `cache_index` (int32 scalar, shared by the batch)
-    writes their keys/values into slots [cache_index, cache_index + T) and their `mask_bt` into
-    `mask`. Query t (slot cache_index + t) attends to slots s <= cache_index + t with mask[b, s].
-  * Slot index is not position: the caller passes `positions_bt` (for a left-padded prompt of
-    length P, prefill writes slots [0, P) and decode step i writes slot P + i at position
-    last_position + 1 + i). The caller keeps cache_index + T <= S (out-of-range writes clamp).
-  * Prefill and decode are the same function; jit it with the cache donated to update in place.
+Parameters are a nested dict of arrays; layer parameters are stacked on a leading `layers` axis (one layout
+for conversion, sharding and checkpoints; `config.scan_layers` only picks `lax.scan` or a Python loop):
+    embed [V, D], lm_head [D, V] (untied embeddings only), final_norm [D], layers/attn_norm, mlp_norm [L, D]
+    layers/q [L, D, H, Dh], k, v [L, D, Kv, Dh], o [L, H, Dh, D], gate, up [L, D, F], down [L, F, D]
+    layers/q_bias [L, H, Dh], k_bias, v_bias [L, Kv, Dh] (Qwen2), o_bias [L, D] (attention_bias=True,
+    Llama/Qwen3), q_norm, k_norm [L, Dh] (Qwen3's per-head RMSNorm); logical axis names: `logical_axes`.
+Inputs are `tokens_bt` int32 [B, T], `mask_bt` bool [B, T] (False = padding; left padding is the norm) and
+`positions_bt` int32 [B, T] (RoPE positions, e.g. `positions_from_mask(mask_bt)`). Attention is causal over
+the token index, and a query attends only to keys whose mask is True. Rows of padding get finite garbage,
+never NaN. Compute runs in `config.dtype`; RMSNorm statistics, softmax and logits in float32. The sampler's
+KV cache: `apply_with_cache`.
 """
 
 from __future__ import annotations
@@ -166,9 +144,9 @@ def count_params(params: Params) -> int:
 
 
 def _unstacked(layers: Params) -> list[Params]:
-    """params["layers"] as one tree per layer, by `jnp.unstack`: its transpose stacks the layers'
-    gradients in one pass (indexing a[i] instead transposes to 30 pads summed, which XLA CPU fused
-    into one loop reading all 30 per element: 484 ms of a 8.6 s bf16 SmolLM2 update)."""
+    """params["layers"] as one tree per layer, by `jnp.unstack`: its transpose stacks the layers' gradients
+    in one pass (indexing a[i] transposes to L pads summed, which XLA CPU fuses into one loop reading all L
+    per element: slower, docs/performance.md)."""
     leaves, treedef = jax.tree.flatten(layers)
     per_leaf = [jnp.unstack(a) for a in leaves]
     return [treedef.unflatten(list(ps)) for ps in zip(*per_leaf, strict=True)]
@@ -284,7 +262,14 @@ def apply_with_cache(
 ) -> tuple[jax.Array, KVCache]:
     """Prefill or decode step: float32 logits [B, T, V] and the cache with these T tokens written.
 
-    See the module docstring for the cache contract.
+    `KVCache(k, v, mask)`: k, v [L, B, S, Kv, Dh] in `config.dtype` (keys stored after RoPE), mask bool [B, S]
+    (which slots hold real tokens); `init_cache(config, B, S)` makes an empty one. T new tokens at write
+    index `cache_index` (int32 scalar, shared by the batch) write their keys/values into slots
+    [cache_index, cache_index + T) and their `mask_bt` into mask; query t (slot cache_index + t) attends to
+    slots s <= cache_index + t with mask[b, s]. Slot index is not position: the caller passes `positions_bt`
+    (a left-padded prompt of length P: prefill writes slots [0, P), decode step i slot P + i at position
+    last_position + 1 + i) and keeps cache_index + T <= S (out-of-range writes clamp). Prefill and decode are
+    this one function; jit it with the cache donated to update in place.
     """
     hidden, new_cache = forward_hidden(params, tokens_bt, mask_bt, positions_bt, config, cache, cache_index)
     return logits_from_hidden(params, hidden, config), new_cache

@@ -9,15 +9,10 @@ and targets t [N], with z = (h W^T) / temperature in float32 and p = softmax(z):
 The backward recomputes z from (h, W) and uses, for cotangents g (logp) and e (entropy),
     dL/dz_nv = g_n (1[v = t_n] - p_nv) - e_n p_nv (z_nv - lse_n + entropy_n)
     dh = (dL/dz / temperature) W,   dW = (dL/dz / temperature)^T h
-with dL/dz cast to the compute dtype before the two products (as the other weight matmuls'
-backward, `matmul.matmul`). Only h, W, t, lse and entropy are saved.
-
-Why not autodiff under `jax.checkpoint`: measured on XLA CPU for the SmolLM2 update at 16 x 128
-response tokens, V = 49152 in bfloat16, the derived backward ran both vocabulary products in
-float32 (it converts the bfloat16 W and the float32 cotangent's partner to float32), and XLA fused
-the exponential-sum over a 2048 x 49152 chunk into one YNNPACK reduction that ran 3x slower than the
-same reduction over 128-row blocks. Here the products take bfloat16 operands in bfloat16, and on
-CPU the row reductions run over blocks of about `CPU_ROW_BLOCK` rows (`_row_blocks`).
+with dL/dz cast to the compute dtype before the two products (as `matmul.matmul`'s backward). Only h, W,
+t, lse and entropy are saved. Why not autodiff under `jax.checkpoint`: on XLA CPU it ran both vocabulary
+products in float32 and the exponential-sum as one slow reduction over the whole chunk (docs/performance.md);
+here the row reductions run over blocks of `CPU_ROW_BLOCK` rows on CPU (`_row_blocks`).
 """
 
 from __future__ import annotations

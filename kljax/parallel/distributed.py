@@ -12,8 +12,7 @@ process's own rows (`global_from_local_rows`). `local_rows` is the way back: the
 batch-sharded global array that live on this process, e.g. to compute rewards on the samples this
 host drew. Checkpoints are written by all processes together (orbax); logs and metrics by process 0.
 
-This module also checks a mesh shape against the devices, the batch and the model's heads before
-anything is compiled, and lists the shapes that would fit.
+It also checks a mesh shape against the devices, the batch and the heads first, listing shapes that fit.
 """
 
 from __future__ import annotations

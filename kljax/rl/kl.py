@@ -2,35 +2,16 @@
 
 The objective is  J(theta) = E_{y~pi_theta}[ R(x, y) ] - beta * KL_seq(theta),
     KL_seq = E_{y~pi_theta}[ sum_t d_t ],   d_t = log pi_theta(y_t|h_t) - log pi_ref(y_t|h_t),
-and its KL part must be estimated from samples. A configuration chooses
-  - `estimator`: k1, k2, k3, k3+ (straight-through: k3 value, k2 gradient) or full (exact per-prefix
-    KL from both models' logits), see `kljax.rl.estimators`;
-  - `placement`: where the estimate enters. "reward": `beta * stop_grad(k)` is subtracted from the
-    return before the baseline, so it reaches the gradient only through the score function
-    `E[(sum_t k_t) grad log pi(y|x)]`. "loss": `beta * sum_t k_t` is added to the loss and
-    differentiated with the samples fixed (pathwise `E[sum_t grad k_t]`). "both": full beta in each.
-    "none": no KL term;
-  - `credit` of the reward part: "sequence" (every token's return loses the whole sum) or
-    "reward_to_go" (token t loses sum_{s>=t} k_s; for "full", sum_{s>t} KL_s since KL_t(h_t) does not
-    depend on y_t); past terms have zero mean, so this only removes variance;
-  - `scope`: "token" applies the estimator to each d_t; "sequence" applies it once to D = sum_t d_t
-    (so k2 sequence-level is D**2/2, whose pathwise gradient is D grad log pi(y|x) = grad KL_seq);
-  - `off_policy` (samples from a sampler mu != pi_theta): "none"; "token_ratio" multiplies each loss
-    token by w_t = pi_theta(y_t|h_t)/mu(y_t|h_t) (differentiable numerator); "sequence_weight"
-    multiplies every KL term by W = stop_grad(prod_t w_t), optionally truncated at `truncation`,
-    and then carries the reward part as its own score-function loss term (W * sum_t log pi_t * credit_t)
-    instead of folding it into the advantage;
-  - `in_baseline` of the reward part: True folds it into the return the group baseline and scale
-    are computed from; False subtracts it after them, unscaled (OpenRLHF's placement; see
-    `kljax.rl.advantages`). Same expected KL gradient under RLOO; with a group-mean baseline the
-    task reward then carries (G-1)/G and the KL 1;
-  - `beta`, fixed, or adaptive toward `target_kl` (`adapt_beta`).
+and its KL part must be estimated from samples. A `KLConfig` chooses the estimator (`kljax.rl.estimators`),
+where the estimate enters (the reward: a score-function term; the loss: differentiated pathwise), the credit
+and scope of the estimate, the off-policy correction, whether the reward part is in the baseline, and beta
+(fixed, or adapted toward `target_kl` by `adapt_beta`); each field's comment says how.
 
-`kl_terms` turns a config and log-probs into `KLTerms` (the detached reward penalty to subtract
-from returns, and the differentiable loss term); the objective (`kljax.rl.objective`, whose
-`kl_surrogate` is the KL part alone) composes them as the trainer differentiates them.
-`kljax.verdicts.kl.describe` (that module imports this one, never the reverse) says what the KL
-part's gradient is in expectation. All of it is checked by exact enumeration in tests/test_kl_exact.py.
+`kl_terms` turns a config and log-probs into `KLTerms` (the detached reward penalty to subtract from returns,
+and the differentiable loss term); the objective (`kljax.rl.objective`, whose `kl_surrogate` is the KL part
+alone) composes them as the trainer differentiates them. `kljax.verdicts.kl.describe` (that module imports
+this one, never the reverse) says what the KL part's gradient is in expectation. All of it is checked by
+exact enumeration in tests/test_kl_exact.py.
 """
 
 from __future__ import annotations
@@ -59,17 +40,35 @@ class KLBiasWarning(UserWarning):
 
 @dataclasses.dataclass(frozen=True)
 class KLConfig:
-    """How the KL regularizer is estimated and where it enters the objective (see module doc)."""
+    """How the KL regularizer is estimated and where it enters the objective (module doc; field comments)."""
 
+    # k1, k2, k3, k3+ (straight-through: k3 value, k2 gradient) or full (exact per-prefix KL from both
+    # models' logits), see `kljax.rl.estimators`
     estimator: str = "k1"
+    # "reward": beta * stop_grad(k) is subtracted from the return before the baseline, so it reaches the
+    # gradient only through the score function E[(sum_t k_t) grad log pi(y|x)]; "loss": beta * sum_t k_t is
+    # added to the loss and differentiated with the samples fixed (pathwise E[sum_t grad k_t]); "both": full
+    # beta in each; "none": no KL term
     placement: str = "reward"
+    # of the reward part: "sequence" (every token's return loses the whole sum) or "reward_to_go" (token t
+    # loses sum_{s>=t} k_s; for "full", sum_{s>t} KL_s since KL_t(h_t) does not depend on y_t); past terms
+    # have zero mean, so this only removes variance
     credit: str = "sequence"
+    # "token" applies the estimator to each d_t; "sequence" applies it once to D = sum_t d_t (so k2
+    # sequence-level is D**2/2, whose pathwise gradient is D grad log pi(y|x) = grad KL_seq)
     scope: str = "token"
+    # samples from a sampler mu != pi_theta: "none"; "token_ratio" multiplies each loss token by
+    # w_t = pi_theta(y_t|h_t)/mu(y_t|h_t) (differentiable numerator); "sequence_weight" multiplies every KL
+    # term by W = stop_grad(prod_t w_t), optionally truncated at `truncation`, and then carries the reward
+    # part as its own score-function loss term (W * sum_t log pi_t * credit_t) instead of in the advantage
     off_policy: str = "none"
     truncation: float | None = None
     beta: float = 0.05
-    target_kl: float | None = None
+    target_kl: float | None = None  # adapt beta toward it (`adapt_beta`); None: beta fixed
     adapt_horizon: float = 10_000.0
+    # of the reward part: True folds it into the return the group baseline and scale are computed from;
+    # False subtracts it after them, unscaled (OpenRLHF's placement; see `kljax.rl.advantages`). Same
+    # expected KL gradient under RLOO; with a group-mean baseline the task reward then carries (G-1)/G, the KL 1
     in_baseline: bool = True
 
     def __post_init__(self) -> None:

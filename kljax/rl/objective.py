@@ -1,23 +1,17 @@
-"""The RL objective: advantages with the reward-placed KL folded in, the clipped surrogate, the
-loss-placed KL term, and one aggregation shared by every term.
+"""The RL objective: advantages (reward-placed KL folded in), the clipped surrogate, the loss-placed KL term.
 
-With sequence b's per-token policy loss pg_bt (clipped surrogate of the advantages A_bt) and its
-differentiable KL loss term kl_b (`kljax.rl.kl.kl_terms`), the loss minimized is
-
+With sequence b's per-token policy loss pg_bt (clipped surrogate of the advantages A_bt) and its differentiable
+KL loss term kl_b (`kljax.rl.kl.kl_terms`), the loss minimized is
     loss = sum_b w_b * (sum_t pg_bt + beta * kl_b) / D
-
-where the aggregation fixes the per-sequence weight w_b and the batch denominator D once, for
-every term, so `beta` weighs the reward-placed and the loss-placed KL the same way:
-
+where the aggregation fixes the per-sequence weight w_b and the batch denominator D once, for every term (so
+`beta` weighs the reward-placed and the loss-placed KL the same way):
     aggregation               w_b          D                 E[gradient]
     seq-mean-token-sum-norm   1            B * R             grad(-J) / R       (R = response buffer)
     seq-mean-token-sum        1            B                 grad(-J)
     seq-mean-token-mean       1 / L_b      B                 length-weighted: biased when L_b varies
     token-mean                1            sum_b L_b         length-weighted: biased when L_b varies
-
-(L_b: sequence b's response tokens; J = E[R] - beta KL_seq; on-policy, RLOO, see
-`kljax.verdicts.objective`). D is a property of the whole batch, so accumulating micro-batch gradients of
-`loss_sum / D` gives the full-batch gradient exactly.
+(L_b: sequence b's response tokens; J = E[R] - beta KL_seq; on-policy, RLOO: `kljax.verdicts.objective`). D is
+a property of the whole batch, so accumulating micro-batch gradients of `loss_sum / D` is exact.
 """
 
 from __future__ import annotations

@@ -1,33 +1,18 @@
 """The sampler's model calls: prefill (the model's own forward) and the decode step.
 
-Prefill runs `kljax.models.transformer.forward_hidden` over the left-padded prompts with a cache of
-exactly P slots and keeps only the last position's logits. With `model.kernels` plain (the TPU/GPU
-path), each decode step is that same forward for one token per row over the model's `KVCache`
-(`plain_decode_step`): one layer code for training and sampling. With the XLA-CPU kernels, decoding
-switches to a layout made for one token per row and step, prepared once per `generate` call:
-
-* Feature-major activations: the hidden state is x [D, R] (rows last), so every projection is
-  W^T [out, in] @ x [in, R]. With R (tens of rows) as the narrow operand XLA CPU's dot kernels ran
-  20-30% faster here than x [R, in] @ W [in, out]; the tied unembedding is the embedding [V, D]
-  itself, no transpose.
-* `decode_weights`: one entry per layer (unstacked: in a loop XLA CPU materializes every
-  dynamic slice of a stacked weight as a copy, every step), transposed, in `config.dtype`; in
-  unsharded runs q/k/v are fused into one [(H + 2 Kv) Dh, D] matrix and gate/up into one [2F, D].
-* `DecodeCache`: per layer k [R, Kv, Dh, W] (keys transposed) and v [R, Kv, W, Dh], and a mask
-  [R, W]. Attention runs row-major (q and its output are transposed, [H Dh, R] <-> [R, H Dh]):
-  in float32 the scores are a multiply-reduce over Dh with W contiguous, cheaper on XLA CPU than
-  a batched [G, Dh] x [Dh, W] dot per (row, kv head); in 16 bits the batched dot is the cheaper
-  (it runs the bfloat16 kernels; measured end to end on SmolLM2, batch 32: 13.9 vs 15.2 s per
-  generate in float32, 10.0 vs 10.6 s in bfloat16). The width W grows by segments: the loop is split into
-  a few `lax.while_loop`s, and segment s attends over only the W_s slots it can have filled, not
-  over the whole P + N buffer.
-* bfloat16 (float16) needs two detours on XLA CPU, both measured: cache updates go through the
-  uint16 bits (else the update becomes a float32 round trip over the whole cache), and the output
-  projection runs row-major (a transposed 16-bit operand falls back to a float32 dot).
-
-The maths is `kljax.models.decoder_layer.decoder_layer` for T = 1 (same norms, RoPE, float32 softmax and
-logits); `tests/test_sampling*.py` check sampler log-probs against teacher-forced ones, and
-tests/test_kernels.py the two decode paths against each other.
+Prefill runs `kljax.models.transformer.forward_hidden` over the left-padded prompts with a cache of exactly
+P slots and keeps the last position's logits. Under `model.kernels` plain (the TPU/GPU path) each decode
+step is that forward for one token per row (`plain_decode_step`). With the XLA-CPU kernels, decoding uses a
+layout for one token per row and step, prepared once per `generate` call (why each: docs/performance.md):
+* feature-major activations x [D, R]: every projection is W^T [out, in] @ x [in, R], the tied unembedding
+  the embedding [V, D] itself; `decode_weights` holds one transposed entry per layer (a loop would copy each
+  dynamic slice of a stacked weight every step), with q/k/v fused into [(H + 2 Kv) Dh, D] and gate/up into
+  [2F, D] in unsharded runs;
+* `DecodeCache`: per layer k [R, Kv, Dh, W], v [R, Kv, W, Dh] and a mask [R, W]; scores are a multiply-reduce
+  over Dh in float32 and a batched [G, Dh] x [Dh, W] dot per (row, kv head) in 16 bits; W grows by segments
+  (a few `lax.while_loop`s, segment s attending over the W_s slots it can have filled);
+* in 16 bits, cache updates go through the uint16 bits and the output projection runs row-major.
+Same maths as `decoder_layer.decoder_layer` at T = 1; tests/test_sampling*.py and tests/test_kernels.py.
 """
 
 from __future__ import annotations

@@ -1,25 +1,16 @@
 """Evaluation: greedy accuracy, mean@k and unbiased pass@k on in-domain and out-of-domain task splits.
 
-For each task split, `n_examples` prompts are drawn with `task.examples(split, n, seed)` and sent
-through the jitted sampler twice, batched:
+For each task split, `n_examples` prompts are drawn with `task.examples(split, n, seed)` and sent through the
+jitted sampler twice, batched:
   * greedy (one completion per prompt)              -> greedy accuracy (and mean reward);
-  * `n` samples per prompt (`SamplingParams.n`) at temperature T (top-p / top-k as configured)
-    -> for prompt i, c_i of the n samples are correct, and with k <= n:
-
-        mean@k  = mean_i (1/n) sum_j correct_ij            (expected accuracy of one sample; n = k by default)
-        pass@k  = mean_i [ 1 - C(n - c_i, k) / C(n, k) ]    (Chen et al. 2021, "Evaluating Large Language
-                                                            Models Trained on Code", eq. 1: unbiased for
-                                                            P(at least one of k samples is correct))
-
-    computed in the numerically stable product form
-        C(n - c, k) / C(n, k) = prod_{i = n - c + 1}^{n} (1 - k / i)      (and pass@k = 1 when n - c < k),
-    which never forms a large binomial coefficient.
-
-A split is out-of-domain when its name starts with "ood", or when it belongs to another task than
-the one the model was trained on (known for a `kljax train` workdir); otherwise in-domain.
-
+  * `n` samples per prompt (`SamplingParams.n`) at temperature T (top-p / top-k as configured): for prompt i,
+    c_i of the n samples are correct, and with k <= n
+        mean@k  = mean_i (1/n) sum_j correct_ij             (expected accuracy of one sample; n = k by default)
+        pass@k  = mean_i [ 1 - C(n - c_i, k) / C(n, k) ]     (unbiased, `pass_at_k`)
+A split is out-of-domain when its name starts with "ood", or when it belongs to another task than the one
+the model was trained on (known for a `kljax train` workdir); otherwise in-domain.
 Models: "tiny" (random init, `config.model.tiny`), "default" (SmolLM2-135M-Instruct), a Hugging Face
-checkpoint directory (e.g. one written by `kljax.models.convert.export_hf`, or by `kljax.train.sft`), or a
+checkpoint directory (e.g. one written by `kljax.models.convert.export_hf` or `kljax.train.sft`), or a
 `kljax train` workdir's latest (or chosen) checkpoint, restored with `RunCheckpointer` (`restore_params`).
 """
 
@@ -44,9 +35,11 @@ from kljax.train.rollout import prompt_texts
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k).
+    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k) (Chen et al. 2021,
+    "Evaluating Large Language Models Trained on Code", eq. 1: unbiased for P(at least one of k is correct)).
 
-    Product form: C(n-c, k)/C(n, k) = prod_{i=n-c+1}^{n} (1 - k/i). Needs 0 <= c <= n and 1 <= k <= n.
+    Product form, which never forms a large binomial coefficient: C(n-c, k)/C(n, k) = prod_{i=n-c+1}^{n}
+    (1 - k/i), and pass@k = 1 when n - c < k. Needs 0 <= c <= n and 1 <= k <= n.
     """
     if not (0 <= c <= n and 1 <= k <= n):
         raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")

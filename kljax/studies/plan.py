@@ -6,14 +6,12 @@
 The train step, the sampler and the scoring pass are lowered with `jax.ShapeDtypeStruct`s that carry
 `NamedSharding`s on a mesh of (simulated) devices and compiled; nothing is allocated. Each compiled
 program's `memory_analysis()` gives its per-device arguments, outputs (less donated aliases) and
-temporaries. The resident state (parameters, optimizer state, the frozen reference parameters and
-off-policy sampler snapshots) is summed exactly from the arrays' shard shapes. A phase's peak is the
-resident state plus what its program adds; the run's peak is the largest phase.
+temporaries. The resident state (parameters, optimizer state, the frozen reference, off-policy sampler
+snapshots) is summed exactly from the shard shapes; a phase's peak is it plus what its program adds.
 
-On deviceless TPU devices (`kljax.studies.tpu_topology`, the `tpu` extra) the programs compile
-with the TPU compiler and the temporaries are the TPU's. On simulated CPU devices they are XLA:CPU's:
-a TPU or GPU compiler fuses and schedules differently (XLA:CPU upcasts bfloat16 matmuls to float32,
-so its temporaries are upper bounds). Parameters, optimizer state and KV cache are exact either way.
+On deviceless TPU devices (`kljax.studies.tpu_topology`, the `tpu` extra) the programs compile with the
+TPU compiler, and the temporaries are the TPU's; on simulated CPU devices they are XLA:CPU's, upper bounds
+(it upcasts bfloat16 matmuls to float32). Parameters, optimizer state and KV cache are exact either way.
 With `roofline`, the step's lower-bound time from the programs' cost analysis (`kljax.studies.roofline`).
 """
 

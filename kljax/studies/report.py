@@ -2,9 +2,8 @@
 
 A configuration is a grid point without its seed (KL configuration, beta, variant); its curves are
 the mean over seeds at each step, the shaded band their min..max, after a centred moving average of
-`smooth` steps (default: 5% of the run). Final accuracies are mean +- standard deviation over seeds
-(and min..max) of the greedy accuracy of eval_after.json, per split; a split is out-of-domain when
-its name starts with "ood", in-domain otherwise.
+`smooth` steps (default: 5% of the run). Final accuracies are mean +- standard deviation over seeds (and
+min..max) of eval_after.json's greedy accuracy, per split; splits named "ood*" are out-of-domain.
 
 Instability rule (`InstabilityRule`, with T steps, the early window = the first ceil(20% T) steps
 and the tail = the last max(2, ceil(10% T)) steps, or all steps when T < 2): a run is unstable if

@@ -12,13 +12,7 @@ A sweep config is a Python file whose `get_config()` returns a ConfigDict (or di
     sft             optional `kljax.train.sft.SFTSettings` fields: train the reference model first, into
                     SWEEP_DIR/sft, and start every run from it (`model.source`)
 
-Each grid point runs `kljax.train.trainer.train` into SWEEP_DIR/runs/<name>/, with
-name = "<kl>_b<beta>_<variant>_s<seed>" ("none_<variant>_s<seed>" without KL). Runs go one after
-another in this process, or as N independent `python -m kljax train` subprocesses (`parallel=N`).
-Resumable: a run with eval_after.json is finished and skipped; one with a checkpoint resumes with
---resume; one without a checkpoint is started over. A configuration the trainer's validation
-rejects is listed as unsupported (with the reason) and not run. After every run, SWEEP_DIR/summary.json
-collects each run's curves (metrics.jsonl) and evaluations (eval_before/after.json) for `kljax report`.
+Each grid point runs `kljax.train.trainer.train` into SWEEP_DIR/runs/<name>/ (`run_sweep`).
 """
 
 from __future__ import annotations
@@ -224,7 +218,14 @@ def run_sweep(sweep: Sweep, out_dir: str | os.PathLike, parallel: int = 0, progr
               log: Any = print) -> dict[str, str]:
     """Run every supported grid point not yet finished; returns {run name: what happened}
     ("skipped", "ran", "resumed", "failed", "unsupported"). parallel=0 runs in this process;
-    N >= 1 runs N `python -m kljax train` subprocesses at a time (logs in RUN_DIR/train.log)."""
+    N >= 1 runs N `python -m kljax train` subprocesses at a time (logs in RUN_DIR/train.log).
+
+    A run's directory is SWEEP_DIR/runs/<name>, name = "<kl>_b<beta>_<variant>_s<seed>"
+    ("none_<variant>_s<seed>" without KL). Resumable: a run with eval_after.json is finished and skipped; one
+    with a checkpoint resumes with --resume; one without is started over. A configuration the trainer's
+    validation rejects is listed as unsupported (with the reason) and not run. After every run,
+    SWEEP_DIR/summary.json collects each run's curves (metrics.jsonl) and evaluations (eval_before/after.json)
+    for `kljax report`."""
     out_dir = Path(out_dir).absolute()  # the subprocesses run in another directory
     (out_dir / "runs").mkdir(parents=True, exist_ok=True)
     sweep = _with_sft(sweep, out_dir, progress, log)

@@ -8,20 +8,11 @@
 `eval_fraction` of them test, `held_out` says how many; 0 keeps them all in train) or
 `train=FILE,test=FILE`. For `hf` it is a local dataset directory (`save_to_disk` or a directory of
 data files) or a hub name, whose `train` and `test`/`validation` splits are used.
-
 TRL's two layouts are told apart from the data: "standard" (the `prompt_key` column is text) and
-"conversational" (it is a list of {"role", "content"} messages, or `messages_key` names such a
-column): `conversational` is then True and `metadata["messages"]` holds each row's conversation.
-Each row becomes an `Example`: `prompt` is `prompt_template.format(**row)` (or the row's
-`prompt_key` column; conversational: its last user message, for display), `answer` the `answer_key`
-column as text ("" without one), and `metadata["columns"]` every column of the row except the
-prompt column (they go to reward functions as keyword arguments). Every row is checked when the
-task is built: the keys must be present (a ValueError names the file and the 1-based row). A
-system prompt or answer-format line is added only when asked (`system_prompt`, `answer_format`).
-
-Epochs: `epoch_examples(split, position, n, seed)` reads `n` rows from a stream that visits every
-row once per pass, each pass in its own seeded order; the trainer keeps `position` in its
-checkpoints.
+"conversational" (a list of {"role", "content"} messages, or `messages_key` names such a column). Every row
+is checked when the task is built: the keys must be present (a ValueError names the file and the 1-based
+row). A system prompt or answer-format line is added only when asked (`system_prompt`, `answer_format`).
+Epochs: `epoch_examples`, whose `position` the trainer keeps in its checkpoints.
 """
 
 from __future__ import annotations
@@ -209,6 +200,10 @@ class FileTask(Task):
         return row
 
     def _example(self, split: str, row: Row) -> Example:
+        """`prompt` is `prompt_template.format(**row)` (or the row's `prompt_key` column; conversational: its
+        last user message, for display, the conversation in `metadata["messages"]`), `answer` the `answer_key`
+        column as text ("" without one), and `metadata["columns"]` every column of the row except the prompt
+        column (they go to reward functions as keyword arguments)."""
         v = row.values
         meta: dict[str, Any] = {"where": row.where, "row": row.index}
         if self.conversation_key:

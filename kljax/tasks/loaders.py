@@ -1,8 +1,7 @@
 """Reading the evaluation and training sets: from a local data directory, or by hub name.
 
 The data directory is, in order: the `data_dir` argument; the environment variable `KLJAX_DATA_DIR`;
-`../shared/data` beside the repository root (the offline copy, see its README), when it exists.
-Its layout (JSONL, one object per line):
+`../shared/data` beside the repository root (the offline copy), when it exists. Its layout (JSONL):
 
     math/train.jsonl       7,500   problem, answer, level, type
     math500/test.jsonl       500   problem, solution, answer, subject, level, unique_id
@@ -13,8 +12,7 @@ Its layout (JSONL, one object per line):
 Every line is validated as written (a missing field, an empty prompt or a value of the wrong type is a
 ValueError naming the file and the row, 1-based by line), then the file is read with
 `datasets.load_dataset("json", data_files=...)` (or kept as parsed when `datasets` is not installed).
-With `hub=True` the same sets come from the Hugging Face hub by name (`Source.hub` in `SOURCES`;
-needs internet; not used by the tests).
+`hub=True` reads the same sets from the Hugging Face hub by name (`Source.hub` in `SOURCES`; needs internet).
 """
 
 from __future__ import annotations

@@ -1,24 +1,14 @@
 """A small process pool for reward checks that may hang or crash (math-verify on model output).
 
-`VerifierPool.map(fn, args_list, timeout_s)` runs `fn(*args)` for each item on one of `num_workers`
-worker processes and returns one `Outcome` per item, in order. Each item has its own time limit,
-counted from when it is handed to a worker. A worker that overruns it is killed; a worker that dies
-(a crash, `os._exit`, a segfault) is noticed through its pipe; either way that item's outcome is an
-error, a fresh worker replaces the old one, and the other items of the batch go on unaffected.
-(`concurrent.futures.ProcessPoolExecutor` cannot do this: it cannot kill a hung task, and one dead
-worker breaks the whole pool.)
-
-Each worker is a fresh, isolated interpreter (`sys.executable -I`: no working directory on its path, no
-PYTHON* variables, so a `json.py` where the user stands is never executed) given the caller's `sys.path`
-explicitly; it talks to the pool over two pipes with `multiprocessing.connection` framing. Unlike a
-multiprocessing "fork" worker it never inherits a multi-threaded JAX process (which can deadlock), and unlike a "spawn"
-worker it never re-imports the caller's `__main__`, so scripts and notebooks need no
-`if __name__ == "__main__":` guard. Each worker imports the `preload` modules before it reports
-ready, so a slow import (math-verify takes about a second) never counts against an item's time limit.
+`VerifierPool.map(fn, args_list, timeout_s)` runs `fn(*args)` for each item on one of `num_workers` worker
+processes and returns one `Outcome` per item, in order. Each item has its own time limit, counted from when
+it is handed to a worker. A worker that overruns it is killed; a worker that dies (a crash, `os._exit`, a
+segfault) is noticed through its pipe; either way that item's outcome is an error, a fresh worker replaces
+the old one, and the other items go on unaffected (`concurrent.futures.ProcessPoolExecutor` cannot kill a
+hung task, and one dead worker breaks its whole pool).
 `fn` and its arguments are pickled here (a failure is that item's error): `fn` must be a module-level
 function or a bound method of a picklable object whose class a fresh interpreter can import
-(`kljax.tasks.reward_functions.RewardRef` carries other callables by value). `map(...,
-stop_on_error=True)` returns at the first failed item, the items not yet run marked "not run".
+(`kljax.tasks.reward_functions.RewardRef` carries other callables by value). Workers: `_Worker`.
 """
 
 from __future__ import annotations
@@ -101,7 +91,15 @@ def _worker_main(jobs: Connection, results: Connection, preload: Sequence[str]) 
 
 
 class _Worker:
-    """One worker process, its job pipe (`jobs`, written here) and its result pipe (`conn`, read here)."""
+    """One worker process, its job pipe (`jobs`, written here) and its result pipe (`conn`, read here).
+
+    A fresh, isolated interpreter (`sys.executable -I`: no working directory on its path, no PYTHON*
+    variables, so a `json.py` where the user stands is never executed) given the caller's `sys.path`
+    explicitly, talking over two pipes with `multiprocessing.connection` framing. Unlike a multiprocessing
+    "fork" worker it never inherits a multi-threaded JAX process (which can deadlock), and unlike a "spawn"
+    worker it never re-imports the caller's `__main__` (no `if __name__ == "__main__":` guard needed). It
+    imports the `preload` modules before it reports ready, so a slow import (math-verify's) never counts
+    against an item's time limit."""
 
     def __init__(self, preload: Sequence[str]):
         job_read, job_write = os.pipe()

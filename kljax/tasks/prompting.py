@@ -2,25 +2,13 @@
 
     messages = build_messages(example, task)          # [{"role": "system", ...}, {"role": "user", ...}]
     text = render_messages(messages, tokenizer)       # the chat template when the tokenizer has one
+    texts = prompt_texts(examples, task, tokenizer, prompt_format)   # what the model is fed
 
-The user message is the example's prompt, then the task's own instruction (if any), then the answer
-format: "boxed" asks for the final answer in \\boxed{}, "answer_line" for a last line "Answer: ...".
-Both are what `answers.extract_final_answer` reads first.
-
-`prompt_texts(examples, task, tokenizer, prompt_format)` is the text the model is fed, by
-task.prompt_format:
-    auto   built-in tasks: the chat (with kljax's system prompt and answer-format line) through the
-           chat template, or the plain template without one. Data files (TRL's layouts): a standard
-           prompt as written; a conversational one through the chat template (without one: the
-           messages' contents, one per line). A system prompt or answer-format line only when asked.
-    chat   the conversation through the chat template (an error when the tokenizer has none)
-    plain  the conversation in `PLAIN_TEMPLATE`
-    raw    the prompt as written (conversational: the messages' contents, one per line)
-
-Tokenizers are duck-typed: anything with `apply_chat_template(messages, tokenize=False,
-add_generation_prompt=True)` and a non-empty `chat_template` attribute counts as having a chat
-template (Hugging Face tokenizers do; tests pass a tiny fake). Without one, `PLAIN_TEMPLATE` is used,
-unless the template was asked for explicitly (`chat_template=True`), which is then an error.
+The user message is the example's prompt, then the task's own instruction (if any), then the answer format:
+"boxed" asks for the final answer in \\boxed{}, "answer_line" for a last line "Answer: ...", both what
+`answers.extract_final_answer` reads first. Tokenizers are duck-typed (`has_chat_template`); without a chat
+template `PLAIN_TEMPLATE` is used, unless the template was asked for explicitly (`chat_template=True`),
+which is then an error.
 """
 
 from __future__ import annotations
@@ -68,7 +56,9 @@ def build_messages(
 
 
 def has_chat_template(tokenizer: Any) -> bool:
-    """Whether `tokenizer` has a usable chat template (duck-typed; see the module docstring)."""
+    """Whether `tokenizer` has a usable chat template: anything with `apply_chat_template(messages,
+    tokenize=False, add_generation_prompt=True)` and a non-empty `chat_template` attribute (Hugging Face
+    tokenizers do; tests pass a tiny fake)."""
     return (
         tokenizer is not None
         and callable(getattr(tokenizer, "apply_chat_template", None))
@@ -115,7 +105,15 @@ def render_prompt(
 
 
 def prompt_texts(examples: Sequence[Example], task: Task, tokenizer: Any, prompt_format: str) -> list[str]:
-    """The text each prompt is tokenized from (see the module docstring for `prompt_format`)."""
+    """The text each prompt is tokenized from, by `prompt_format` (task.prompt_format):
+        auto   built-in tasks: the chat (with kljax's system prompt and answer-format line) through the chat
+               template, or the plain template without one. Data files (TRL's layouts): a standard prompt as
+               written; a conversational one through the chat template (without one: the messages' contents,
+               one per line). A system prompt or answer-format line only when asked.
+        chat   the conversation through the chat template (an error when the tokenizer has none)
+        plain  the conversation in `PLAIN_TEMPLATE`
+        raw    the prompt as written (conversational: the messages' contents, one per line)
+    """
     if prompt_format not in PROMPT_FORMATS:
         raise ValueError(f"config.task.prompt_format={prompt_format!r} is not valid; choose one of "
                          f"{list(PROMPT_FORMATS)}")

@@ -3,20 +3,15 @@
     get_task("arithmetic")                      generated: train, test, ood_digits, ood_ops
     get_task("countdown")                       generated: train, test, ood_numbers
     get_task("dm_math")                         generated (needs `mathematics_dataset`): train, test, ood
-    get_task("math", data_dir=...)             loaded: train (MATH), test (MATH500)
-    get_task("math500")                         loaded: test
+    get_task("math", data_dir=...)             loaded: train (MATH), test (MATH500); "math500": test alone
     get_task("gsm8k")                           loaded: train, test
-    get_task("mmlu", subject="college_physics") loaded: test (any MMLU STEM subject)
-    get_task("mmlu_college_physics")            and _chemistry, _biology: the paper's OOD sets
+    get_task("mmlu", subject="college_physics") loaded: test (any MMLU STEM subject); "mmlu_college_physics",
+                                                _chemistry, _biology: the paper's OOD sets
     get_task("repeat_digit")                    toy task for tiny models (kljax/tasks/toy.py): train, test
-    get_task("toy_optimum", shapes=..., vocab=3, response_len=3)
-                                                enumerable responses, exact optimum (tasks/toy_optimum.py): train
-
-The user's own files (`jsonl`, `parquet`, `csv`, `hf`) are not registered: `kljax.tasks.from_config`
-builds them from config.task (`kljax.tasks.files.FileTask`).
-
-A spec "name:split" (e.g. "arithmetic:ood_ops", "gsm8k:test") names a task and one of its splits:
-`parse_task_spec`. Unknown names and splits are ValueErrors that list the valid ones.
+    get_task("toy_optimum", shapes=..., vocab=3, response_len=3)    exact optimum (tasks/toy_optimum.py): train
+The user's own files (`jsonl`, `parquet`, `csv`, `hf`) are not registered: `kljax.tasks.from_config` builds
+them from config.task (`kljax.tasks.files.FileTask`). A spec "name:split" (e.g. "arithmetic:ood_ops") names a
+task and one of its splits (`parse_task_spec`). Unknown names and splits are ValueErrors listing valid ones.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
 """Reward functions: the user's own (callables, `module.path:fn`, `file.py:fn`) and built-in verifiers,
-called the way TRL's `GRPOTrainer` calls them.
-
-A reward function is batched and called by keyword, as in TRL:
+called the way TRL's `GRPOTrainer` calls them: batched, by keyword (the arguments: `CALL_NAMES`),
 
     fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns) -> list[float | None]
 
-    prompts         one per completion: the prompt as written (standard data), or its message list
-                    [{"role", "content"}, ...] (conversational data)
-    completions     the sampled text, or [{"role": "assistant", "content": text}] for conversational data
-    completion_ids  the sampled token ids (list[int] each, up to the stop token)
-    trainer_state   a `TrainerState`: global_step (also `.step`), epoch (passes over the training
-                    rows so far), max_steps
-    log_metric, log_extra   TRL's logging hooks (`log_metric(name, value)` adds reward/NAME/name to the
-                    step's metrics; `log_extra` is accepted and not recorded)
-    columns         every other column of the rows (`answer` always), lists aligned with the batch
-
-A function that takes `**kwargs` gets all of them; one without gets only the names it declares.
-Each name it requires must be among them: `check_signature` says which is not, before any model
-loads. A value None means "no score for this sample" (it is left out of the weighted sum); an
-`async def` function is awaited. Every call gets its own copies of the arguments.
+A function that takes `**kwargs` gets all of them; one without gets only the names it declares. Each name it
+requires must be among them: `check_signature` says which is not, before any model loads. A value None
+means "no score for this sample" (it is left out of the weighted sum); an `async def` function is awaited.
+Every call gets its own copies of the arguments.
 
 Built-ins, named without a colon:
     math_answer    1.0 when math-verify finds the final answer equivalent to `answer` (worker pool, time limit)
@@ -46,6 +34,16 @@ from kljax.tasks.pool import default_pool
 from kljax.tasks.rewards import check_math
 
 RewardFn = Callable[..., Any]
+# The keywords of a call, as in TRL, besides every other column of the rows (`answer` always), lists aligned
+# with the batch:
+#   prompts         one per completion: the prompt as written (standard data), or its message list
+#                   [{"role", "content"}, ...] (conversational data)
+#   completions     the sampled text, or [{"role": "assistant", "content": text}] for conversational data
+#   completion_ids  the sampled token ids (list[int] each, up to the stop token)
+#   trainer_state   a `TrainerState`: global_step (also `.step`), epoch (passes over the training rows so
+#                   far), max_steps
+#   log_metric, log_extra   TRL's logging hooks (`log_metric(name, value)` adds reward/NAME/name to the
+#                   step's metrics; `log_extra` is accepted and not recorded)
 CALL_NAMES = ("prompts", "completions", "completion_ids", "trainer_state", "log_metric", "log_extra")
 NOT_COLUMNS = ("prompt", "completion", "completion_ids")  # row columns TRL does not pass (the prompt is `prompts`)
 

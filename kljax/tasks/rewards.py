@@ -12,11 +12,7 @@ Two paths:
     scores 0, the worker is replaced, and the rest of the batch is kept.
 Model output is only ever parsed (regular expressions, `kljax.tasks.expression`, math-verify's
 LaTeX parser); it is never passed to eval/exec.
-
-The checks:
-  check_integer(completion, target)    exact integer match of the extracted final answer
-  check_choice(completion, letter, choices)   the chosen letter (or the exact text of a choice)
-  check_math(completion, target)       math-verify equivalence (\\frac{1}{2} == 0.5 == 1/2)
+The checks: `check_integer`, `check_choice` (the letter, or the exact text of a choice), `check_math`.
 """
 
 from __future__ import annotations
@@ -78,7 +74,7 @@ def _parse_target(target: str, timeout: int | None) -> list:
 
 
 def check_math(completion: str, target: str) -> Score:
-    """1.0 when math-verify finds the completion's final answer equivalent to `target`.
+    """1.0 when math-verify finds the completion's final answer equivalent to `target` (\\frac{1}{2} == 0.5 == 1/2).
 
     The final answer is the last \\boxed{} or "Answer:" (see `answers.extract_final_answer`); when the
     completion states neither, math-verify's own extraction reads its last `MATH_TAIL_CHARS`

@@ -1,20 +1,16 @@
 """`toy_optimum`: the exact-optimum toy tasks (`kljax.tasks.exact_optimum`) as a task `kljax train` runs.
 
-Token ids are the responses themselves: a response is up to R tokens over ids 0..V-1 that ends at
-its first stop token V-1 or fills the buffer (`tabular.all_responses`); prompt p, one per reward
-shape (config.task.toy.shapes), is the one token p. The tokenizer shows the ids as symbols: letters
-in order, "." for the stop token (V = 3: responses "a.", "ab.", "bba", ...). The n prompts of a step
-are prompt i % P for i < n, so rl.prompts_per_step = k * P sees every prompt k times.
+Token ids are the responses themselves: a response is up to R tokens over ids 0..V-1 that ends at its first
+stop token V-1 or fills the buffer (`tabular.all_responses`); prompt p, one per reward shape
+(config.task.toy.shapes), is the one token p. The tokenizer shows the ids as symbols: letters in order, "."
+for the stop token (V = 3: responses "a.", "ab.", "bba", ...). The n prompts of a step are prompt i % P for
+i < n, so rl.prompts_per_step = k * P sees every prompt k times.
 
-The rewards are defined relative to pi_ref (the "sparse" one sits on the full-length sequence
-pi_ref finds least likely), so the run binds the task to its policy and reference parameters
-(`bind`) before the first rollout. Then `exact_metrics` gives, as sums over all N responses of
-every prompt (means over prompts), with the step's beta:
-    exact/gap = beta KL(pi || pi*) = J(pi*) - J(pi),  exact/J,  exact/reward = E_pi[R],
-    exact/kl_seq = KL(pi || pi_ref),  exact/kl_opt = KL(pi* || pi),  exact/J_opt = J(pi*).
-pi and pi_ref are the run's policy and reference at rl.temperature T (`temperature`): the policy
-trained is the tempered one, softmax(logits / T) (`RLConfig.policy_temperature`), so the reward
-tables, pi* and every metric are those of the tempered pi and pi_ref.
+The rewards are defined relative to pi_ref (the "sparse" one sits on the full-length sequence pi_ref finds
+least likely), so the run binds the task to its policy and reference parameters (`bind`) before the first
+rollout; `exact_metrics` then gives the exact gap to the optimum pi*. pi and pi_ref are the run's policy and
+reference at rl.temperature T: the policy trained is the tempered one, softmax(logits / T)
+(`RLConfig.policy_temperature`), so the reward tables, pi* and every metric are the tempered ones.
 Model sources: "tabular" (`TabularPolicy(V, R, P)`) or "tiny" (the tiny transformer over max(V, P) ids).
 """
 
@@ -163,7 +159,10 @@ class ToyOptimumTask(Task):
         return Score(float(rewards_n[index]), bool(rewards_n[index] >= rewards_n.max() - 1e-12))
 
     def exact_metrics(self, params: Any, beta: float) -> dict[str, float]:
-        """{"exact/KEY": value} for EXACT_KEYS at `params` (module docstring)."""
+        """{"exact/KEY": value} for EXACT_KEYS at `params`, with the step's beta, as sums over all N responses
+        of every prompt (means over prompts):
+            exact/gap = beta KL(pi || pi*) = J(pi*) - J(pi),  exact/J,  exact/reward = E_pi[R],
+            exact/kl_seq = KL(pi || pi_ref),  exact/kl_opt = KL(pi* || pi),  exact/J_opt = J(pi*)."""
         self._bound()
         values = self._exact(params, jnp.float32(beta))
         return {f"exact/{k}": float(values[k]) for k in EXACT_KEYS}

@@ -6,22 +6,13 @@ trains (`samples` completions per problem at the run's temperature), each with a
     results = summarize(outcomes, plan)                                     # what eval_*.json holds
     deltas = paired_deltas(before_results, results, plan.seed)              # after - before, per split
 
-Each split's entry: `greedy` and `sampled`, each {"accuracy", "ci95": [lo, hi], "n": problems}
-(`kljax.train.intervals`), `accuracy` and `reward` (greedy, as before), `sampled_reward`, with
-reward functions `rewards` {name: greedy mean}, `example` (the first problem and its greedy answer)
-and `problems` {ids, greedy, sampled}: every problem's outcome, so that a later evaluation pairs
-with it problem by problem.
-
-The problems are `task.examples(split, n_examples, seed)` and the sampling keys depend on the seed,
-the split's position and the call only, so two evaluations with one plan see the same problems and
-the same random numbers (their change is paired, with common random numbers). Speed: each problem
-is one group of 1 + samples sampler rows sharing one prefill, its first row greedy
-(`SamplingParams.greedy_first`); every call of the sampler has rows_per_call / (1 + samples)
-problems, the last call padded, so an evaluation compiles once per prompt-length bucket, whatever
-its splits and however often it runs.
-
-Multi-host: every process runs the sampler on its shards, then gathers the completions and scores
-all of them (every process returns the same numbers).
+The problems are `task.examples(split, n_examples, seed)` and the sampling keys depend on the seed, the
+split's position and the call only, so two evaluations with one plan see the same problems and the same
+random numbers (their change is paired, with common random numbers). Each problem is one group of
+1 + samples sampler rows sharing one prefill, its first row greedy (`SamplingParams.greedy_first`); every
+sampler call has rows_per_call / (1 + samples) problems, the last call padded, so an evaluation compiles
+once per prompt-length bucket. Multi-host: every process samples its shards, then gathers the completions
+and scores all of them (every process returns the same numbers).
 """
 
 from __future__ import annotations
@@ -185,7 +176,10 @@ def _mean(scores: np.ndarray) -> float:
 
 
 def summarize_split(o: SplitOutcome, plan: EvalPlan) -> dict[str, Any]:
-    """The JSON entry of one split (see the module docstring)."""
+    """The JSON entry of one split: `greedy` and `sampled`, each {"accuracy", "ci95": [lo, hi], "n": problems}
+    (`kljax.train.intervals`), `accuracy` and `reward` (greedy), `sampled_reward`, with reward functions
+    `rewards` {name: greedy mean}, `example` (the first problem and its greedy answer) and `problems`
+    {ids, greedy, sampled}: every problem's outcome, so that a later evaluation pairs with it problem by problem."""
     entry: dict[str, Any] = {
         "accuracy": float(np.mean(o.greedy_correct)), "reward": float(np.mean(o.greedy_reward)),
         "n": len(o.ids), "greedy": intervals.accuracy_entry(o.greedy_correct),
@@ -266,7 +260,7 @@ def scorer(task: Any, reward_set: Any = None) -> ScoreFn:
 # ------------------------------------------------------------------------------- the run's call site
 
 
-EVAL_ROWS_PER_CALL = 160  # sampler rows per call in a run's evaluation, memory permitting (docs/performance.md)
+EVAL_ROWS_PER_CALL = 160  # sampler rows per call in a run's evaluation, memory permitting
 EVAL_CACHE_BYTES = 2 << 30  # ... the KV cache of a call at most this, or the rollout's rows
 
 

@@ -12,8 +12,7 @@ are not P k independent trials: the cluster bootstrap resamples problems with re
 samples of a drawn problem together) and takes the 2.5% and 97.5% quantiles of the resampled mean.
 When every problem has the same mean (all wrong, say) the resamples cannot vary; the interval is
 then Wilson's on P problems (each problem one trial), an upper bound for the correlation. The paired
-change resamples the problems' differences d_i = mean_k(after_ik) - mean_k(before_ik) the same way.
-Every bootstrap is seeded, so the same inputs give the same interval.
+change resamples the differences d_i = mean_k(after_ik) - mean_k(before_ik) the same way. Seeded throughout.
 """
 
 from __future__ import annotations

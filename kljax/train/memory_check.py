@@ -2,20 +2,11 @@
 compared with what the machine can give, so a config that cannot fit fails in one line with both
 numbers instead of being killed by the OOM killer minutes later.
 
-The estimates are lower bounds (what must exist at once, not XLA's temporaries), so a refusal is
-certain and a pass is not a promise:
-
-  train   weights: P * param bytes (the trained copy) + P * frozen bytes (the reference; with LoRA
-          the base alone), optimizer: 3 * P * param bytes (Adam's two moments and the gradient;
-          none for LoRA's frozen base), KV cache: 2 * L * B * T * kv_heads * head_dim * compute bytes
-          (the sampler's cache for B = prompts_per_step * group_size rows of T = max_prompt_len +
-          max_new_tokens), activations: (B / micro_batches) * T * hidden * L * compute bytes (the
-          residual stream the backward pass keeps per layer, even with full remat)
-  eval    the examples and their completions in host memory: per example at least
-          EXAMPLE_BYTES + (1 + n_samples) * STRING_BYTES (Python objects)
-
-The limit is the memory the OS reports available (`/proc/meminfo` MemAvailable, lowered to the
-cgroup's remaining limit when there is one) on a CPU backend, the devices' memory elsewhere.
+The estimates are lower bounds (what must exist at once, not XLA's temporaries), so a refusal is certain
+and a pass is not a promise: `train_estimate` (weights, the reference, optimizer state, the sampler's KV
+cache, the residual stream the backward keeps) and `eval_estimate` (examples and completions in host
+memory). The limit is the memory the OS reports available (`host_available`: /proc/meminfo MemAvailable,
+lowered to the cgroup's remaining limit) on a CPU backend, the devices' memory elsewhere.
 """
 
 from __future__ import annotations
@@ -65,7 +56,13 @@ def kv_cache_bytes(model: Any, rows: int, length: int) -> int:
 
 
 def train_estimate(model: Any, rl: Any) -> Estimate:
-    """Lower bound on a run's memory for a transformer `model` (ModelConfig) and `rl` (RLConfig)."""
+    """Lower bound on a run's memory for a transformer `model` (ModelConfig) and `rl` (RLConfig), P parameters:
+        weights      P * param bytes (the trained copy) + P * frozen bytes (the reference; with LoRA the base)
+        optimizer    3 * P * param bytes (Adam's two moments and the gradient; none for LoRA's frozen base)
+        KV cache     `kv_cache_bytes` for B = prompts_per_step * group_size rows of
+                     T = max_prompt_len + max_new_tokens
+        activations  (B / micro_batches) * T * hidden * L * compute bytes (the residual stream the backward
+                     keeps per layer, even with full remat)"""
 
     n = num_params(model)
     param, frozen = _itemsize(model.param_dtype), _itemsize(model.jnp_frozen_dtype)
@@ -83,7 +80,8 @@ def train_estimate(model: Any, rl: Any) -> Estimate:
 
 def eval_estimate(examples: int, samples: int) -> Estimate:
     """Lower bound on an evaluation's host memory: `examples` prompts (over all splits), each with
-    its greedy and `samples` sampled completions held until scored."""
+    its greedy and `samples` sampled completions held until scored: per example at least
+    EXAMPLE_BYTES + (1 + samples) * STRING_BYTES (Python objects)."""
     return Estimate({"examples and completions": examples * (EXAMPLE_BYTES + (1 + samples) * STRING_BYTES)})
 
 

@@ -2,20 +2,16 @@
 
     summary = sft_warm_start(SFTSettings(task="arithmetic", steps=600), "OUT_DIR")
 
-Per step s the batch is `task.examples(split, n=batch_size, seed=(seed, s))`; each example becomes
-prompt (left-padded to P = max_prompt_len) + target (the reference answer, then EOS, right-padded
-to R = max_answer_len + 1). The loss is the mean cross-entropy of the target tokens,
-
+Per step s the batch is `task.examples(split, n=batch_size, seed=(seed, s))`; each example becomes prompt
+(left-padded to P = max_prompt_len) + target (the reference answer, then EOS, right-padded to
+R = max_answer_len + 1). The loss, the mean cross-entropy of the target tokens,
     L(theta) = - sum_{b,r} m_br log pi_theta(y_br | x_b, y_b<r) / sum_{b,r} m_br,
-
-computed with the trainer's own `response_logprobs` (the same sequence layout the RL step uses), and
-minimized with AdamW (linear warmup, cosine decay, global-norm clipping at 1).
-
-The result is written as a Hugging Face checkpoint directory (`export_hf`) together with a Hugging
-Face fast tokenizer that encodes exactly like `kljax.models.tokenizers.CharTokenizer` (0 = pad, 1 = EOS,
-then one id per character), so `config.model.source = OUT_DIR` makes it both the RL policy's start
-and its frozen reference; OUT_DIR/sft.json holds the loss curve and the greedy accuracy per split.
-A directory that already has sft.json is reused as is (sweeps call this once per invocation).
+is computed with the trainer's own `response_logprobs` (the RL step's sequence layout) and minimized with
+AdamW (linear warmup, cosine decay, global-norm clipping at 1). The result is a Hugging Face checkpoint
+directory (`export_hf`) with a fast tokenizer that encodes exactly like `CharTokenizer`
+(`save_char_tokenizer`), so `config.model.source = OUT_DIR` makes it both the RL policy's start and its
+frozen reference; OUT_DIR/sft.json holds the loss curve and the greedy accuracy per split. A directory that
+already has sft.json is reused as is (sweeps call this once per invocation).
 """
 
 from __future__ import annotations

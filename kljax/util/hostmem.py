@@ -1,32 +1,18 @@
 """Host-memory tuning for XLA on CPU: glibc's malloc asked for transparent huge pages (and, opt-in,
 to keep freed memory).
 
-Why: XLA CPU takes each execution's temporary buffer (GiBs for a train step) and its large outputs
-from malloc. glibc serves a block above its mmap threshold (at most 32 MiB) with a fresh `mmap`
-and gives it back with `munmap` when freed, so every step faults every page of those buffers in
-again, 4 KiB at a time, each zeroed by the kernel. Measured on the SmolLM2 update of `kljax bench
-train` (16 x 256, float32, 2 cores): 3.2 M minor faults (12 GiB) and 8-10 s of kernel time per
-26-28 s step. With the glibc tunable `glibc.malloc.hugetlb=1` (glibc >= 2.35) malloc advises
-transparent huge pages for what it maps, and the same memory faults in 2 MiB at a time: about
-0.2 M faults, 4-5 s of kernel time, 24-26 s per step; a whole `kljax bench rl` iteration went from
-48 to 39 s.
+Why: XLA CPU takes each execution's temporary buffer (GiBs for a train step) and its large outputs from
+malloc; glibc serves a block above its mmap threshold (at most 32 MiB) with a fresh `mmap` and unmaps it
+when freed, so every step faults those buffers in again, 4 KiB at a time, each page zeroed by the kernel.
+With the tunable `glibc.malloc.hugetlb=1` (glibc >= 2.35) malloc advises transparent huge pages for what
+it maps, and the same memory faults in 2 MiB at a time. glibc reads GLIBC_TUNABLES once, at start-up, so
+the `kljax` command re-executes itself once with it added (`reexec_with_malloc_tunables`); both sides of a
+`kljax bench` run in that environment. KLJAX_HUGEPAGES=0 turns it off; tunables the user set are kept.
 
-glibc reads GLIBC_TUNABLES once, when the process starts, so the `kljax` command re-executes itself
-once with it added (`reexec_with_malloc_tunables`), before anything else runs. Both sides of every
-`kljax bench` run in that environment (the peer in the same process, or in a child that inherits
-it). Set KLJAX_HUGEPAGES=0 to turn this off; an explicit glibc.malloc.hugetlb setting is kept.
-
-Opt-in, KLJAX_MALLOC_RETAIN=1: also keep freed memory in the process (`RETAIN_TUNABLES`: one malloc
-arena that grows by brk, no mmap'd blocks, no trimming), so a buffer freed by one step is reused by
-the next without any page fault. Why it matters beyond the fault count: on a VM with free page
-reporting (virtio-balloon; `/sys/module/page_reporting`), memory a process gives back is returned
-to the hypervisor within seconds, and touching it again costs a host fault per page: measured here,
-fresh pages came in at 0.4-0.7 GB/s instead of ~9 GB/s for recently freed ones, and an RL update
-took 28 s inside an iteration (after sampling and scoring) against 22 s back to back. The cost:
-the heap never shrinks and can grow through fragmentation when XLA's per-step temporary buffer is
-large (an 8.9 GiB one grew the heap by 9 GiB), so use it with `rl.micro_batches` keeping that
-buffer small (2 GiB at 8 micro-batches of the `kljax bench rl` update, where the iteration went
-from 36 to 32-35 s and the peak RSS from 5.1 to 4.9 GiB). Tunables the user set are kept.
+Opt-in, KLJAX_MALLOC_RETAIN=1 (`RETAIN_TUNABLES`): one arena grown by brk, no mmap'd blocks, no trimming,
+so a buffer freed by one step is reused by the next without a fault (on a VM with free page reporting,
+memory given back is slow to fault in again). The heap never shrinks and grows through fragmentation when
+the per-step buffer is large: pair it with `rl.micro_batches`. Measured: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -42,9 +28,8 @@ from kljax.util.self_command import kljax_argv
 TUNABLE = "glibc.malloc.hugetlb"
 OPT_OUT = "KLJAX_HUGEPAGES"
 RETAIN = "KLJAX_MALLOC_RETAIN"
-# trim_threshold above any heap: at 2^32 - 1 glibc still trimmed a freed top chunk larger than
-# 4 GiB, so the bf16 SmolLM2 update's 4.7 GiB of XLA temporaries were faulted in again every step
-# (2654 two-MiB faults, 7.8 s of kernel time in an 11 s update); at 2^62 steady steps took 7.1 s.
+# trim_threshold above any heap: at 2^32 - 1 glibc still trims a freed top chunk larger than 4 GiB,
+# and a step's temporaries that large are faulted in again every step (docs/performance.md).
 RETAIN_TUNABLES = (("glibc.malloc.arena_max", "1"), ("glibc.malloc.mmap_max", "0"),
                    ("glibc.malloc.trim_threshold", str(2**62)))
 _THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")

@@ -1,8 +1,7 @@
 """What kljax may write over or delete: only directories it created, never the run it reads.
 
     MARKER                        ".kljax-written": a file kljax puts in a directory when it creates it
-    mark(directory, what)         write the marker (call it on the fresh directory, before it is renamed
-                                  into place, so the directory is never there without it)
+    mark(directory, what)         write the marker (on the fresh directory, before it is renamed into place)
     is_marked(directory, legacy)  a real directory (not a symbolic link) holding the marker, or one of
                                   the `legacy` files that older kljax versions wrote there
     remove_marked(directory, ...) shutil.rmtree only such a directory; anything else is a UserError
@@ -31,7 +30,8 @@ MARKER = ".kljax-written"
 
 
 def mark(directory: str | os.PathLike, what: str) -> Path:
-    """Write DIRECTORY/.kljax-written saying which kljax job created the directory."""
+    """Write DIRECTORY/.kljax-written saying which kljax job created the directory. Call it on the fresh
+    directory before it is renamed into place, so the directory is never there without it."""
     path = Path(directory) / MARKER
     path.write_text(json.dumps({"written_by": "kljax", "what": what}) + "\n")
     return path

@@ -1,34 +1,18 @@
 """What the gradient the trainer takes is, in expectation, for a run's whole objective.
 
-`kljax.verdicts.kl.describe` states the KL part alone. The trainer's gradient also depends on how the loss
-is aggregated, on the advantage's baseline and scale, and on whether the samples are stale. With
-J = E[R] - beta KL_seq (J = E[R] when there is no KL term), every term of the loss weighted alike
-(`kljax.rl.objective`), one update per batch from the current policy, the expected gradient of the
-loss is c * grad(-J) exactly when
-  - the aggregation is a constant: seq-mean-token-sum (c = 1) or seq-mean-token-sum-norm
-    (c = 1/R, R = max_new_tokens); seq-mean-token-mean and token-mean weigh each sequence by a
-    function of its length, biased when lengths vary (a constant only at fixed length);
-  - the baseline leaves the score function unbiased: RLOO (leave-one-out, c = 1) or Dr. GRPO's
-    group mean (it includes the sample itself: c = (G-1)/G on what passes through the advantages);
-    GRPO divides by the group's std, which depends on the sample: biased;
-  - the KL part is unbiased for grad KL_seq (`kljax.verdicts.kl.describe`), and the reward-placed and the
-    loss-placed parts and the task reward carry the same c (Dr. GRPO's (G-1)/G reaches only what
-    passes through the advantages: with a loss-placed part that is not zero in expectation, or a
-    task reward next to a loss-placed KL, the effective beta changes).
-Stale samples (rl.async_level > 0, or every update after the first with rl.updates_per_batch > 1)
-reach the task reward through per-token importance ratios (clipped), which do not correct the
-prefix distribution: biased. Only a KL part with an exact sequence weight stays unbiased there.
-
-The sampler is part of the objective. The policy trained is the tempered one, as in TRL and verl:
-pi = softmax(logits / T) at T = rl.temperature, and pi_ref = softmax(ref_logits / T), so J above
-is J_T = E_{pi_T}[R] - beta KL(pi_T || pi_ref,T) and a sampler at any temperature T > 0 is on-policy
-(its log-probs are pi_T's). A sampler that truncates (top-k, top-p, min-p) or penalizes repeats is not
-the policy: it never draws the tokens it cuts (or draws repeats less often), which no importance
-ratio corrects: biased. Leaving truncated responses out of the loss (rl.mask_truncated) is biased. Greedy decoding
-(T = 0) samples nothing: biased.
-Each claim is checked by exact enumeration through the real train step
-(tests/test_objective_exact.py) and through the real rollout with the shipped default's settings
-(tests/test_verdict_rollout.py).
+`kljax.verdicts.kl.describe` states the KL part alone; the whole gradient also depends on the aggregation,
+the advantage's baseline and scale, staleness and the sampler. With J = E[R] - beta KL_seq (J = E[R] without a
+KL term), every loss term weighted alike (`kljax.rl.objective`) and one update per batch from the current
+policy, the expected gradient of the loss is c * grad(-J) exactly when
+  - the aggregation is a constant: seq-mean-token-sum (c = 1) or seq-mean-token-sum-norm (c = 1/R, R =
+    max_new_tokens); seq-mean-token-mean and token-mean weigh sequences by length: biased when lengths vary;
+  - the baseline leaves the score function unbiased: RLOO (c = 1) or Dr. GRPO's group mean (c = (G-1)/G on
+    what passes through the advantages); GRPO divides by the group's std, which depends on the sample: biased;
+  - the KL part is unbiased for grad KL_seq (`describe`), and its reward- and loss-placed parts and the task
+    reward carry the same c (Dr. GRPO's (G-1)/G reaches only the advantages: with a loss-placed part not zero
+    in expectation, or a task reward next to a loss-placed KL, the effective beta changes);
+  - the samples are fresh and the sampler is the policy (`describe_objective`).
+Checked by exact enumeration: tests/test_objective_exact.py, tests/test_verdict_rollout.py (the rollout).
 """
 
 from __future__ import annotations
@@ -133,7 +117,18 @@ def _fraction_text(f: Fraction) -> str:
 
 
 def describe_objective(run: RunObjective) -> ObjectiveDescription:
-    """The expected gradient of the run's whole loss against grad(-J) (see the module doc)."""
+    """The expected gradient of the run's whole loss against grad(-J) (the module doc's conditions).
+
+    Stale samples (rl.async_level > 0, or every update after the first with rl.updates_per_batch > 1) reach the
+    task reward through clipped per-token importance ratios, which do not correct the prefix distribution:
+    biased; only a KL part with an exact sequence weight stays unbiased there. The sampler is part of the
+    objective: the policy trained is the tempered one, as in TRL and verl, pi = softmax(logits / T) at
+    T = rl.temperature and pi_ref = softmax(ref_logits / T), so J is J_T = E_{pi_T}[R] - beta KL(pi_T || pi_ref,T)
+    and a sampler at any T > 0 is on-policy (its log-probs are pi_T's). A sampler that truncates (top-k, top-p,
+    min-p) or penalizes repeats is not the policy: it never draws the tokens it cuts (or draws repeats less
+    often), which no importance ratio corrects: biased. Leaving truncated responses out of the loss
+    (rl.mask_truncated) is biased. Greedy decoding (T = 0) samples nothing: biased.
+    """
     kl, info = run.kl, describe(run.kl)
     reasons: list[str] = []
     stale = run.async_level > 0 or run.updates_per_batch > 1

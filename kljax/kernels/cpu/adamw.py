@@ -1,30 +1,18 @@
 """The update of `state.make_optimizer(c)`, written so that XLA runs it in place.
 
-`make_optimizer(c)` is optax.chain(clip_by_global_norm(c.max_grad_norm), adamw(...)). Applied by
-`tx.update` and `optax.apply_updates`, XLA CPU computes each leaf's new parameter, first moment and
-second moment in three separate loops, each from the old moments. The new moments are written
-over their donated inputs while the parameter's loop still reads the old ones, so XLA first copies
-the old moments and keeps the clipped gradient as a temporary: three parameter-sized buffers
-(1.6 GiB for SmolLM2-135M in float32) at the end of every step. Measured by XLA's memory analysis
-of the SmolLM2 update at 32 x 125 tokens: temporaries 8.73 -> 8.50 GiB for the whole batch,
-1.35 -> 1.13 GiB with remat='full' in 8 micro-batches (0.74 GiB together with
-`layer_stack.accumulate_layers`).
-
-`update_in_place` computes the same numbers in two passes over the stacked [L, ...] layer
-parameters, one layer per `lax.fori_loop` iteration: the first writes the new moments over the old,
-the second reads them and writes the new parameters. A parameter then never needs an old moment
-that was overwritten, and a loop boundary keeps XLA from re-deriving the moments inside the
-parameter's loop. The leaves without a layer axis (embedding, final norm, untied LM head) are
-updated whole. The layer axis is never sharded (`sharding.LOGICAL_RULES`), so slicing it needs no
-communication.
-
-Per element, with count the optimizer's step count before this update and t = count + 1
-(optax's adamw with eps_root = 0, its state layout kept):
+`make_optimizer(c)` is optax.chain(clip_by_global_norm(c.max_grad_norm), adamw(...)). Through `tx.update`
+and `optax.apply_updates`, XLA CPU computes each leaf's new parameter and moments in separate loops from
+the old moments, so it copies those and keeps the clipped gradient: three parameter-sized temporaries per
+step (docs/performance.md). `update_in_place` makes two passes over the stacked [L, ...] layer parameters,
+one layer per `lax.fori_loop` iteration: the first writes the new moments over the old, the second reads
+them and writes the new parameters (a loop boundary keeps XLA from re-deriving the moments there). The
+leaves without a layer axis are updated whole; the layer axis is never sharded (no communication).
+Per element, with count the step count before this update and t = count + 1 (optax's adamw, eps_root = 0):
     g   <- g                          if ||G||_2 < max_norm,   else g / ||G||_2 * max_norm
-    mu' = (1 - b1) g + b1 mu
-    nu' = (1 - b2) g^2 + b2 nu
+    mu' = (1 - b1) g + b1 mu,         nu' = (1 - b2) g^2 + b2 nu
     p'  = p + (-lr(count)) * ((mu' / (1 - b1^t)) / (sqrt(nu' / (1 - b2^t)) + eps) + wd p)
-and nothing changes, the counts included, where `apply` is False (a non-finite step).
+and nothing changes, the counts included, where `apply` is False (a non-finite step). optax's state
+layout is kept.
 """
 
 from __future__ import annotations

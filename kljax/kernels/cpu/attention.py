@@ -1,24 +1,18 @@
 """XLA-CPU grouped-query attention over a whole sequence, with a hand-written backward.
 
-q [B, T, H, Dh], k / v [B, S, Kv, Dh], allowed [B, T, S] -> out [B, T, H, Dh]. Heads-major inside:
-the G = H / Kv query heads that share a key head are stacked as rows, so each (b, kv-head) pair is
-one [G T, Dh] x [Dh, S] product on operands already in matmul layout. With c = Dh^-1/2, in float32,
+q [B, T, H, Dh], k / v [B, S, Kv, Dh], allowed [B, T, S] -> out [B, T, H, Dh]. Heads-major inside: the
+G = H / Kv query heads sharing a key head are the rows of one [G T, Dh] x [Dh, S] product per (b, kv head),
+on operands already in matmul layout. With c = Dh^-1/2, in float32,
     s = c q k^T  where allowed, else -1e30 (finite: a fully masked row is uniform, never NaN)
-    m = max_s s,  l = sum_s exp(s - m),  p = exp(s - m) / l,  out = p v
-(p in the compute dtype for the last product). The backward recomputes s and p from q, k and the
-saved m, l (so p is exactly the forward's), then, as FlashAttention's backward,
+    m = max_s s,  l = sum_s exp(s - m),  p = exp(s - m) / l,  out = p v   (p in the compute dtype there)
+The backward recomputes s and p from q, k and the saved m, l (p is exactly the forward's), then, as
+FlashAttention's backward (delta from the output: sum_s p dp = sum_d dout out, no second pass over s),
     dp = dout v^T,  delta = sum_d dout * out,  ds = p (dp - delta) where allowed, else 0
     dq = c ds k,    dk = c ds^T q,    dv = p^T dout
-with delta from the output instead of a second pass over the [G T, S] scores (sum_s p dp = sum_d
-dout (p v) = sum_d dout out). dk and dv are formed transposed (q^T ds, dout^T p: the small
-operands are the ones transposed) and transposed back, since XLA CPU's matmul kernels want
-row-major operands.
-
-On one CPU device both passes run over blocks of batch rows (`cpu_batch_group`, a `lax.map`) whose
-scores stay cache-sized. Why by hand: autodiff of the softmax on XLA CPU materialized broadcast
-masks of the full scores and fused its reductions into slow dot fusions (measured in
-docs/performance.md, "attention backward"). Equal to `jax.nn.dot_product_attention` in value and
-gradient: tests/test_kernels.py, tests/test_attention.py.
+On one CPU device both passes run over blocks of batch rows (`cpu_batch_group`) whose scores stay
+cache-sized. Why by hand: autodiff of the softmax on XLA CPU materialized broadcast masks of the full scores
+and fused its reductions into slow dot fusions (docs/performance.md). Equal to `jax.nn.dot_product_attention`
+in value and gradient: tests/test_kernels.py, tests/test_attention.py.
 """
 
 from __future__ import annotations
@@ -123,6 +117,9 @@ def _bwd(res, dout_bthk):
 
 
 def _bwd_whole(q_bthk, k_bsgk, v_bsgk, allowed_bts, out_bthk, m, lsum, dout_bthk):
+    """The backward of one block (module docstring). dk and dv are formed transposed (q^T ds, dout^T p: the
+    small operands are the ones transposed) and transposed back: XLA CPU's matmul kernels want row-major
+    operands."""
     t, h, kv, dh = q_bthk.shape[1], q_bthk.shape[2], k_bsgk.shape[2], q_bthk.shape[3]
     dt = v_bsgk.dtype
     q, k, v = _rows_major(q_bthk, kv), _kv_major(k_bsgk), _kv_major(v_bsgk)

@@ -1,28 +1,18 @@
 """Every KL configuration's gradient estimate, per sequence, in logit space; and the statistics
 (bias, variance, MSE, cosine) of a batch estimate from its moments.
 
-For a configuration c, `kljax.rl.objective.kl_surrogate` (the trainer's objective with the KL
-part alone) gives one scalar S_c(theta; y) per sequence whose
-gradient is the configuration's single-sample KL-gradient estimate g_c(y) (beta = 1), exactly as the
-trainer differentiates it. With y ~ q (the sampler mu, or pi_theta on-policy) and B samples a batch:
+For a configuration c, `kljax.rl.objective.kl_surrogate` (the trainer's objective with the KL part alone)
+gives one scalar S_c(theta; y) per sequence whose gradient is the configuration's single-sample KL-gradient
+estimate g_c(y) (beta = 1), exactly as the trainer differentiates it. With y ~ q (the sampler mu, or
+pi_theta on-policy) and B samples a batch:
     expected gradient   m_c = E_q[g_c(y)]
     true gradient       g*  = grad KL_seq(pi_theta || pi_ref)
     relative bias       ||m_c - g*|| / ||g*||
     variance            tr Cov(batch mean) = (E_q||g_c||^2 - ||m_c||^2) / B
     mse                 E||batch mean - g*||^2 = ||m_c - g*||^2 + variance
     cosine              <m_c, g*> / (||m_c|| ||g*||)
-`per_sequence` returns dS_c(y_n)/d logits_ntv for every sequence (each sequence's own gradient:
-[K, N, T, V]), which the policy pulls back to parameters (`ToyPolicy.grad_params`). It depends on
-the configurations and the shapes only, not on the policy, so one compilation serves the exact
-mode (all sequences, weights q(y)), the Monte-Carlo mode (samples, weights 1/B) and every policy.
-
-Responses shorter than the policy's length T are studied with a mask (positions t >= T' masked):
-the length-T' problem is the first T' tokens of the same policy. In exact mode only the canonical
-sequences (zeros after T') carry weight, so each length-T' response is counted once.
-
-A last "reward" stream S_R(y) = -(R(y) - b) * sum_t w_t (REINFORCE through the token ratio w_t,
-constant baseline b) is the policy-gradient part of the RL loss; with it, the total loss gradient
--grad E[R] + beta * grad KL_seq is studied as a function of beta (`total_loss_stats`).
+`per_sequence` gives each sequence's dS_c/d logits [K, N, T, V] (the policy pulls them back to parameters);
+a last "reward" stream studies the whole loss as a function of beta (`total_loss_stats`).
 """
 
 from __future__ import annotations
@@ -110,7 +100,13 @@ def per_sequence(
 ) -> PerSequence:
     """Per-sequence gradients of every configuration's surrogate (and the reward stream) w.r.t. the
     policy's logits, for responses truncated to `length` tokens. Each sequence's surrogate depends
-    on its own logits only, so the gradient of the sum holds every sequence's gradient at once."""
+    on its own logits only, so the gradient of the sum holds every sequence's gradient at once.
+
+    It depends on the configurations and the shapes only, not on the policy, so one compilation serves the
+    exact mode (all sequences, weights q(y)), the Monte-Carlo mode (samples, weights 1/B) and every policy.
+    Responses shorter than the policy's length T are studied with a mask (positions t >= T' masked): the
+    length-T' problem is the first T' tokens of the same policy. In exact mode only the canonical sequences
+    (zeros after T') carry weight, so each length-T' response is counted once."""
     dtype = logits_ntv.dtype
     mask, canonical = length_mask(seqs_nt, length, dtype)
     ref_logits_ntv = jax.lax.stop_gradient(ref_logits_ntv)
@@ -196,7 +192,8 @@ def total_loss_stats(
 ) -> dict[str, np.ndarray]:
     """Statistics of the whole RL loss gradient estimate, REINFORCE part + beta * KL part, per
     configuration; the truth is -grad E[R] + beta grad KL_seq. Shows how much a configuration's KL
-    bias matters at a given beta. Each [K]."""
+    bias matters at a given beta. Each [K]. The REINFORCE part is the last "reward" stream,
+    S_R(y) = -(R(y) - b) * sum_t w_t (through the token ratio w_t, constant baseline b)."""
     mean = np.asarray(moments.mean_kd, np.float64)
     sq = np.asarray(moments.sq_k, np.float64)
     cross = np.asarray(moments.cross_k, np.float64)
