@@ -40,8 +40,9 @@ from kljax.api.inputs import (
     model_source,
     new_run_dir,
 )
-from kljax.api.trl_args import TrlTranslation, is_trl_config, lora_fields, translate_trl
+from kljax.api.trl_args import lora_fields
 from kljax.api.trl_callbacks import TrainerCallbacks
+from kljax.api.trl_inputs import check_not_taken, template_fields, trl_settings, trl_weights
 from kljax.boundary.reward_guard import in_process_guard
 from kljax.boundary.run import guarded_run
 from kljax.config.load import CONFIGS_DIR, load_run_config, with_fields
@@ -152,30 +153,10 @@ class RLTrainer:
                  peft_config: Any = None, reward_processing_classes: Any = None,
                  optimizers: tuple[Any, Any] = (None, None), resume: bool | str = False, progress: bool = True,
                  overrides: Sequence[str] | Mapping[str, Any] = ()):
-        if args is not None and config is not None:
-            raise UserError("RLTrainer: give the settings once: args= (TRL's config) or config=, not both")
-        trl = args if args is not None else config if is_trl_config(config) else None
-        if args is not None and not is_trl_config(args):
-            raise UserError(f"RLTrainer: args={args!r} is a {type(args).__name__}; give a trl GRPOConfig or "
-                            "RLOOConfig (or a dict of their fields), or kljax's settings as config=")
-        if reward_processing_classes is not None:
-            raise UserError("RLTrainer: reward_processing_classes is not supported; a reward model is set with "
-                            "config reward.model (docs/configs.md)")
-        if tuple(optimizers or (None, None)) != (None, None):
-            raise UserError("RLTrainer: optimizers= is not supported; kljax's optimizer is AdamW with the config's "
-                            "optim.* settings (TRL's learning_rate, lr_scheduler_type, warmup and weight_decay map)")
+        check_not_taken(reward_processing_classes, optimizers)
         self._data: DataSource | None = data_source(train_dataset, eval_dataset)
-        self.trl: TrlTranslation | None = None
-        if trl is not None:
-            self.trl = translate_trl(trl, rows=None)
-            if self.trl.epochs is not None:
-                if self._data is None:
-                    raise UserError("RLTrainer: TRL's num_train_epochs needs a train_dataset to count its rows; "
-                                    "give one, or set max_steps")
-                self.trl = translate_trl(trl, rows=self._data.rows())
-            if workdir is None and self.trl.output_dir:
-                workdir = self.trl.output_dir
-            config = dict(self.trl.fields)
+        trl_args = args if args is not None else config  # what callbacks get as `args` when it is TRL's
+        self.trl, config, workdir = trl_settings(args, config, workdir, self._data)
         self.workdir = check_workdir(workdir) if workdir is not None else new_run_dir()
         self.resume, self.progress = check_resume(resume), bool(progress)
         if config is not None and not isinstance(config, (str, os.PathLike, Mapping, RunConfig)):
@@ -188,22 +169,14 @@ class RLTrainer:
             fields["model.source"] = self._model.source
         if self.reward_funcs is not None:
             fields["reward.functions"] = [reward_spec_of(f) for f in self.reward_funcs]
-        if isinstance(config, Mapping) and self.trl is not None and "reward.weights" in config:
-            reward_weights = config.pop("reward.weights") if reward_weights is None else reward_weights
+        reward_weights = trl_weights(config, self.trl, reward_weights)
         if reward_weights is not None:
             fields["reward.weights"] = check_weights(reward_weights, self.reward_funcs)
         self.notes: list[str] = []
         if peft_config is not None:
             lora, self.notes = lora_fields(peft_config)
             fields.update(lora)
-        template = chat_template if chat_template is not None else getattr(processing_class, "chat_template", None)
-        if processing_class is not None and not callable(getattr(processing_class, "apply_chat_template", None)):
-            raise UserError(f"RLTrainer: processing_class={processing_class!r} is a {type(processing_class).__name__}; "
-                            "give a transformers tokenizer (its chat template prompts the data)")
-        if template is not None:
-            if not isinstance(template, str):
-                raise UserError(f"RLTrainer: chat_template={template!r} must be a Jinja template string")
-            fields["model.chat_template"] = template
+        fields.update(template_fields(processing_class, chat_template))
         if self._data is not None:
             fields.update(self._data.fields(self.workdir))
         config, explicit = run_config(config, overrides, model, fields)
@@ -219,7 +192,7 @@ class RLTrainer:
         check_installed(config.logging)  # a W&B / MLflow tracker that is not installed: one line, up front
         self.config, self.explicit = config, explicit
         self.result: TrainResult | None = None
-        self.callbacks = TrainerCallbacks(callbacks, trl) if callbacks is not None else None
+        self.callbacks = TrainerCallbacks(callbacks, trl_args if self.trl else None) if callbacks is not None else None
         if self.callbacks is not None:
             self.callbacks.init_end()
 
