@@ -132,7 +132,7 @@ def test_eval_checkpoint_matches_trainer(tmp_path, capsys):
     assert step == 2
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(summary["params"]), jax.device_get(params))
     out = tmp_path / "eval.json"
-    assert cli_main(["eval", "--checkpoint", str(tmp_path / "run"), "--k", "4", "--json", str(out), *MESH,
+    assert cli_main(["eval", "--checkpoint", str(tmp_path / "run"), "--json", str(out), *MESH,
                      "--no-progress"]) == 0
     assert "greedy" in capsys.readouterr().out
     result = json.loads(out.read_text())
@@ -145,7 +145,8 @@ def test_eval_checkpoint_matches_trainer(tmp_path, capsys):
         assert r["greedy_reward"] == pytest.approx(values["reward"])  # partial credit: a sharp comparison
         assert r["domain"] == "in"
         assert r["greedy"] == values["greedy"] and r["sampled"] == values["sampled"]
-        assert r["problems"] == values["problems"] and r["sampled"]["k"] == 4 and r["sampled"]["n"] == 16
+        assert r["problems"] == values["problems"] and r["sampled"]["k"] == config.eval_samples == 2
+        assert r["sampled"]["n"] == 16
         for kind in ("greedy", "sampled"):
             entry = values[kind]
             assert set(entry) >= {"accuracy", "ci95", "n"} and entry["ci95"][0] <= entry["accuracy"] <= entry["ci95"][1]

@@ -274,3 +274,37 @@ def test_run_objective_warns_when_the_whole_objective_is_biased():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert warn_if_biased(RunObjective(KLConfig("k1", "reward"), max_new_tokens=8)).scale == 1 / 8
+
+
+def test_grpo_batch_scale_divides_by_the_whole_batchs_std():
+    """TRL's scale_rewards="batch": the group mean as baseline, the std (ddof=1) of all B rewards as scale."""
+    r = np.array([1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.7], np.float32)
+    g = r.reshape(2, 4)
+    want = (g - g.mean(1, keepdims=True)) / (r.std(ddof=1) + 1e-4)
+    got = adv.advantages(r, 4, "grpo", scale="batch")
+    np.testing.assert_allclose(got, want.reshape(-1), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(got, adv.advantages(r, 4, "grpo"))  # the group's std differs
+
+
+def test_rl_settings_of_trl_name_the_bad_value():
+    from kljax.config.rl import RLConfig
+    from kljax.errors import UserError
+
+    with pytest.raises(UserError, match=r"rl.repetition_penalty=0.0 must be > 0"):
+        RLConfig(repetition_penalty=0.0)
+    with pytest.raises(UserError, match="rl.advantage_scale='batch'"):
+        RLConfig(advantage="rloo", advantage_scale="batch")
+    with pytest.raises(UserError, match="advantage_scale"):
+        RLConfig(advantage="grpo", advantage_scale="world")
+    assert RLConfig(advantage="grpo", advantage_scale="batch").advantage_scale == "batch"
+
+
+def test_the_verdict_names_a_penalized_sampler_and_masked_truncation():
+    from kljax.verdicts.objective import RunObjective, describe_objective
+
+    penalized = describe_objective(RunObjective(KLConfig("k1", "reward"), repetition_penalty=1.2, max_new_tokens=8))
+    assert penalized.verdict == "biased" and "repetition_penalty=1.2" in " ".join(penalized.reasons)
+    masked = describe_objective(RunObjective(KLConfig("k1", "reward"), mask_truncated=True, max_new_tokens=8))
+    assert masked.verdict == "biased" and any("truncat" in r for r in masked.reasons)
+    plain = describe_objective(RunObjective(KLConfig("k1", "reward"), max_new_tokens=8))
+    assert plain.verdict == "scaled"

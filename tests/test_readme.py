@@ -163,7 +163,7 @@ def test_the_python_api_example_prompts_in_the_chat_template_and_scores_answers(
     and a gradient of 4e-12 at every step), and its reward function scores the completions it is given."""
     pytest.importorskip("transformers")
     from kljax.models.hf_tokenizer import load_hf_tokenizer
-    from kljax.tasks.from_config import task_from_config
+    from kljax.tasks.from_config import task_of
     from kljax.tasks.prompting import prompt_texts
     from kljax.train.reward_set import columns_of
 
@@ -181,7 +181,7 @@ def test_the_python_api_example_prompts_in_the_chat_template_and_scores_answers(
     exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - the README's own example
     trainer, correct, rows = namespace["trainer"], namespace["correct"], namespace["result"].metrics
     assert len(rows) == 2 and all(np.isfinite(r["reward"]) and r["response_length"] > 1 for r in rows)
-    task = task_from_config(trainer.config)
+    task = task_of(trainer.config)
     tokenizer = load_hf_tokenizer(model_dir)
     example = task.examples("train", n=1, seed=0)[0]
     shown = prompt_texts([example], task, tokenizer, str(trainer.config.task.prompt_format))[0]

@@ -216,7 +216,9 @@ def test_shipped_default_run_verdict_holds_through_the_real_rollout(x64):
     _check(kl, rl, g2, truth1, updates_per_batch=2)
 
 
-@pytest.mark.parametrize("change", [dict(top_p=0.8), dict(advantage="grpo")], ids=["top_p", "grpo"])
+@pytest.mark.parametrize("change", [dict(top_p=0.8), dict(advantage="grpo"), dict(mask_truncated=True),
+                                    dict(advantage="grpo", advantage_scale="batch")],
+                         ids=["top_p", "grpo", "mask_truncated", "grpo_batch_std"])
 def test_truncating_sampler_and_grpo_are_biased_as_stated(x64, change):
     kl, rl = default_settings(**change)
     g1, _, _, truth0 = expected_updates(kl, rl)

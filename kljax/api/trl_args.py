@@ -152,16 +152,17 @@ def _reference(args: Any) -> Any:
         return None
 
 
-def translate_trl(args: Any, rows: int | None = None) -> TrlTranslation:
+def translate_trl(args: Any, rows: int | None = None, devices: int = 1) -> TrlTranslation:
     """The kljax fields of a TRL config (see the module docstring). `rows`: the training rows, for
-    `num_train_epochs` when `max_steps` is unset (None: unknown; `epochs` is then set)."""
+    `num_train_epochs` when `max_steps` is unset (None: unknown; `epochs` is then set); `devices`: the
+    accelerators the run uses, TRL's world size (its batch is per device)."""
     kind, given, changed = _values(args)
     v = {**DEFAULTS[kind], **{k: given[k] for k in given if k in DEFAULTS[kind]}}
     audit = translation(f"trl-{kind}", {k: v[k] for k in _audit_keys(kind) if v[k] is not None})
     approx = list(audit.approximations)
     f: dict[str, Any] = dict(objective_fields(audit.run))
     exact = [k for k in _audit_keys(kind) if k in changed]
-    f.update(_batch(v, rows, approx))
+    f.update(_batch(v, rows, devices, approx))
     steps = f.get("steps")
     f.update(_optimizer(v, given, steps, approx))
     f.update(_sampler(v, approx))
@@ -197,15 +198,16 @@ def translate_trl(args: Any, rows: int | None = None) -> TrlTranslation:
     return TrlTranslation(kind, f, v["output_dir"], epochs, exact, approx, no_effect)
 
 
-def _batch(v: Mapping[str, Any], rows: int | None, approx: list[str]) -> dict[str, Any]:
-    """steps, prompts per step and micro-batches from TRL's batch and length settings."""
+def _batch(v: Mapping[str, Any], rows: int | None, devices: int, approx: list[str]) -> dict[str, Any]:
+    """steps, prompts per step and micro-batches from TRL's batch and length settings: TRL generates
+    per_device_train_batch_size x devices x gradient_accumulation_steps completions per step."""
     f: dict[str, Any] = {}
     accum = int(v["gradient_accumulation_steps"])
-    batch = int(v["per_device_train_batch_size"]) * accum
+    batch = int(v["per_device_train_batch_size"]) * devices * accum
     group = int(v["num_generations"])
     if batch % group:
-        raise UserError(f"TRL config: per_device_train_batch_size x gradient_accumulation_steps = {batch} completions "
-                        f"per step is not a multiple of num_generations={group}")
+        raise UserError(f"TRL config: per_device_train_batch_size x {devices} device(s) x gradient_accumulation_steps "
+                        f"= {batch} completions per step is not a multiple of num_generations={group}")
     f["rl.prompts_per_step"] = batch // group
     if accum > 1:
         f["rl.micro_batches"] = accum

@@ -8,6 +8,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import jax
+
 from kljax.api.data import DataSource
 from kljax.api.trl_args import TrlTranslation, is_trl_config, translate_trl
 from kljax.errors import UserError
@@ -25,12 +27,13 @@ def trl_settings(args: Any, config: Any, workdir: str | os.PathLike | None, data
     trl = args if args is not None else config if is_trl_config(config) else None
     if trl is None:
         return None, config, workdir
-    translation = translate_trl(trl, rows=None)
+    devices = jax.device_count()  # TRL's world size: its batch is per device
+    translation = translate_trl(trl, rows=None, devices=devices)
     if translation.epochs is not None:
         if data is None:
             raise UserError("RLTrainer: TRL's num_train_epochs needs a train_dataset to count its rows; give one, "
                             "or set max_steps")
-        translation = translate_trl(trl, rows=data.rows())
+        translation = translate_trl(trl, rows=data.rows(), devices=devices)
     if workdir is None and translation.output_dir:
         workdir = translation.output_dir
     return translation, dict(translation.fields), workdir

@@ -55,7 +55,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None, help="run config file for the settings (see the description)")
     parser.add_argument("--tasks", default=None,
                         help="comma-separated name:split specs (default: the config's task and eval_splits)")
-    parser.add_argument("--k", type=int, default=4, help="k of pass@k and mean@k (default 4)")
+    parser.add_argument("--k", type=int, default=None,
+                        help="k of pass@k and mean@k (default: the run's eval_samples, 2 for the default run; 4 if 0)")
     parser.add_argument("--n-samples", type=int, default=None, help="samples per prompt, >= k (default k)")
     parser.add_argument("--n-examples", type=count, default=None,
                         help="examples per split (default eval_examples; 1e4 = 10000)")

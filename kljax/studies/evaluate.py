@@ -103,10 +103,12 @@ class EvalSettings:
 
     @classmethod
     def from_run_config(cls, config: RunConfig, **changes: Any) -> EvalSettings:
-        """Defaults from a run config (its prompt format, buffers, temperature, eval_examples, seed)."""
+        """Defaults from a run config (its prompt format, buffers, temperature, eval_examples, seed, and
+        k = its eval_samples, so that a run's checkpoint is evaluated as the run evaluated it)."""
         rl = config.rl
         values = dict(
-            n_examples=config.eval_examples, n_examples_ood=config.eval_examples_ood, temperature=rl.temperature,
+            k=config.eval_samples or 4, n_examples=config.eval_examples, n_examples_ood=config.eval_examples_ood,
+            temperature=rl.temperature,
             top_p=rl.top_p, top_k=rl.top_k, max_prompt_len=rl.max_prompt_len, max_new_tokens=rl.max_new_tokens,
             prompt_format=config.task.prompt_format, seed=config.seed, stop=tuple(rl.stop),
         )
