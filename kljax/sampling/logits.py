@@ -1,12 +1,13 @@
 """From one decode step's logits to a token: the sampler's settings, the distribution it draws from
-(temperature, then top-k, then top-p, then min-p, as in transformers), the draw itself, and the log-prob and
-entropy of what was drawn. Pure functions of [R, V] float32 logits; `kljax.sampling` runs them in
-its decode loop, and the tests check them against exact enumeration.
+(repetition penalty, then temperature, then top-k, then top-p, then min-p, as in transformers), the draw
+itself, and the log-prob and entropy of what was drawn. Pure functions of [R, V] float32 logits;
+`kljax.sampling` runs them in its decode loop, and the tests check them against exact enumeration.
 
 Log-probs are those of the sampled token under the exact distribution it was drawn from (logits
-divided by the temperature, restricted to the top-k, then to the top-p nucleus, then to the tokens
-with at least min_p times the most likely token's probability, renormalized);
-greedy decoding reports the model's own temperature-1 log-prob and entropy instead.
+penalized on the row's seen tokens, divided by the temperature, restricted to the top-k, then to the
+top-p nucleus, then to the tokens with at least min_p times the most likely token's probability,
+renormalized); greedy decoding takes the argmax of the penalized logits but reports the model's own
+temperature-1 log-prob and entropy (no penalty) instead.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class SamplingParams:
     top_k: keep the k most likely tokens; 0 disables it.
     min_p: keep the tokens whose probability is at least min_p times the most likely one's (after
       temperature, top-k and top-p); 0 disables it.
-    greedy: argmax decoding (temperature, top_p, top_k, min_p ignored).
+    greedy: argmax decoding (temperature, top_p, top_k, min_p ignored; repetition_penalty applies).
     stop_token_ids: a response ends at the first of these (kept, masked after).
     stop_sequences: token-id sequences (each of 2 or more ids); a response also ends at the token
       completing the first occurrence of one of them inside the response (kept, masked after). A
@@ -43,6 +44,9 @@ class SamplingParams:
     greedy_first: the first of each prompt's n rows (rows r with r % n == 0) decodes greedily (its
       log-prob and entropy the model's temperature-1 ones), the other n - 1 are drawn as above: an
       evaluation's greedy and sampled answers from one prefill.
+    repetition_penalty: > 0; every token id already in the row (its prompt and its response so far)
+      has its logit z replaced by z / penalty if z > 0 else z * penalty, before temperature
+      (transformers' RepetitionPenaltyLogitsProcessor, `penalize_repeats`); 1 = off.
     """
 
     max_new_tokens: int = 64
@@ -57,6 +61,7 @@ class SamplingParams:
     entropy: bool = False
     chunk: int = 0
     greedy_first: bool = False
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         stops = self.stop_token_ids
@@ -91,6 +96,14 @@ class SamplingParams:
             raise ValueError(f"n (samples per prompt) must be an int >= 1, got {self.n!r}")
         if not isinstance(self.chunk, int | np.integer) or self.chunk < 0:
             raise ValueError(f"chunk (prompts per sampler chunk) must be an int >= 0 (0 = all), got {self.chunk!r}")
+        bad_penalty = f"repetition_penalty must be a finite number > 0 (1 = off), got {self.repetition_penalty!r}"
+        try:
+            penalty = float(self.repetition_penalty)
+        except (TypeError, ValueError) as e:
+            raise ValueError(bad_penalty) from e
+        if not math.isfinite(penalty) or penalty <= 0:
+            raise ValueError(bad_penalty)
+        object.__setattr__(self, "repetition_penalty", penalty)
         object.__setattr__(self, "chunk", int(self.chunk))
         object.__setattr__(self, "max_new_tokens", int(self.max_new_tokens))
         object.__setattr__(self, "top_k", int(self.top_k))
@@ -103,6 +116,43 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         return self.greedy or self.temperature == 0.0
 
+    @property
+    def penalizes_repeats(self) -> bool:
+        """Whether the draw needs each row's seen tokens (`repetition_penalty` != 1)."""
+        return self.repetition_penalty != 1.0
+
+
+# ---------------------------------------------------------------------------------------- repetition
+
+
+def penalize_repeats(logits_rv: jax.Array, seen_rv: jax.Array, penalty: float) -> jax.Array:
+    """Repetition penalty on float32 logits [R, V]: where seen_rv (bool [R, V]) is True, z becomes
+    z * penalty if z < 0 else z / penalty (transformers' RepetitionPenaltyLogitsProcessor)."""
+    logits_rv = logits_rv.astype(jnp.float32)
+    penalized_rv = jnp.where(logits_rv < 0, logits_rv * penalty, logits_rv / penalty)
+    return jnp.where(seen_rv, penalized_rv, logits_rv)
+
+
+def seen_from_prompts(tokens_bp: jax.Array, mask_bp: jax.Array, vocab: int) -> jax.Array:
+    """bool [B, V]: the ids of each row's real prompt tokens (mask True; padding ignored)."""
+    b = tokens_bp.shape[0]
+    ids_bp = jnp.where(mask_bp, tokens_bp, vocab)  # padding -> out of range, dropped
+    return jnp.zeros((b, vocab), bool).at[jnp.arange(b)[:, None], ids_bp].set(True, mode="drop")
+
+
+def mark_seen(seen_rv: jax.Array, tokens_r: jax.Array) -> jax.Array:
+    """seen_rv with each row's token set (elementwise, so it shards like the rows)."""
+    return seen_rv | (jnp.arange(seen_rv.shape[1], dtype=jnp.int32)[None, :] == tokens_r[:, None])
+
+
+def _penalized(logits_rv: jax.Array, sampling: SamplingParams, seen_rv: jax.Array | None) -> jax.Array:
+    """Float32 logits with `sampling.repetition_penalty` applied on seen_rv (which it then needs)."""
+    logits_rv = logits_rv.astype(jnp.float32)
+    if not sampling.penalizes_repeats:
+        return logits_rv
+    if seen_rv is None:
+        raise ValueError(f"repetition_penalty={sampling.repetition_penalty} needs the rows' seen tokens (seen_rv)")
+    return penalize_repeats(logits_rv, seen_rv, sampling.repetition_penalty)
 
 
 # ---------------------------------------------------------------------------------------- sampling
@@ -153,14 +203,17 @@ def _top_p_threshold(probs_rv: jax.Array, top_p: float) -> jax.Array:
     return jax.lax.bitcast_convert_type(lo, jnp.float32)
 
 
-def candidate_logits(logits_rv: jax.Array, sampling: SamplingParams) -> tuple[jax.Array, jax.Array | None]:
+def candidate_logits(
+    logits_rv: jax.Array, sampling: SamplingParams, seen_rv: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array | None]:
     """The distribution sampled from, as candidate logits with excluded tokens at -inf.
 
-    Order as in transformers: temperature, then top-k, then top-p, then min-p. Returns (logits_rc,
-    ids_rc): with top-k the C = k candidates are the k best (sorted) and ids_rc maps them to vocab
-    ids; otherwise all V logits and ids None.
+    Order as in transformers: repetition penalty (on seen_rv, bool [R, V]; needed only when the
+    penalty is on), then temperature, top-k, top-p, min-p. Returns (logits_rc, ids_rc): with top-k
+    the C = k candidates are the k best (sorted) and ids_rc maps them to vocab ids; otherwise all V
+    logits and ids None.
     """
-    logits_rc, ids_rc = _top_k_top_p(logits_rv, sampling)
+    logits_rc, ids_rc = _top_k_top_p(_penalized(logits_rv, sampling, seen_rv), sampling)
     if sampling.min_p > 0.0:
         # p_i >= min_p * p_max  <=>  z_i >= z_max + log(min_p) on the (tempered) logits: the ratio is
         # unchanged by the renormalization after top-k/top-p, and the most likely token always stays.
@@ -222,21 +275,26 @@ def inverse_cdf_sample(logits_rc: jax.Array, u_r: jax.Array) -> tuple[jax.Array,
 
 
 def sample_logits(
-    logits_rv: jax.Array, key: jax.Array, sampling: SamplingParams
+    logits_rv: jax.Array, key: jax.Array, sampling: SamplingParams, seen_rv: jax.Array | None = None
 ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
     """Draw one token per row from float32 logits [R, V]: (tokens int32 [R], log-probs float32 [R],
-    entropy float32 [R] when `sampling.entropy`, else None).
+    entropy float32 [R] when `sampling.entropy`, else None). seen_rv bool [R, V]: the tokens the
+    repetition penalty hits (needed only when it is on).
 
     The log-prob and entropy are those of the distribution drawn from (see the module docstring;
-    greedy reports the model's temperature-1 ones). The candidates are formed once for all three.
+    greedy reports the model's temperature-1 unpenalized ones). The candidates are formed once.
     """
     logits_rv = logits_rv.astype(jnp.float32)
-    if sampling.is_greedy:  # one max shared by the argmax, the log-normalizer and the entropy
+    if sampling.is_greedy and not sampling.penalizes_repeats:  # one max for argmax, normalizer, entropy
         tokens_r, best_r = _chunked_argmax(logits_rv)
         shifted_rv = logits_rv - best_r[:, None]
         logp_r = -jnp.log(jnp.sum(jnp.exp(shifted_rv), axis=-1))
         return tokens_r, logp_r, _entropy_of_shifted(shifted_rv) if sampling.entropy else None
-    logits_rc, ids_rc = candidate_logits(logits_rv, sampling)
+    if sampling.is_greedy:  # the argmax of the penalized logits, the model's own log-prob of it
+        tokens_r, _ = _chunked_argmax(_penalized(logits_rv, sampling, seen_rv))
+        logp_r = sampling_logprobs(logits_rv, tokens_r, sampling)
+        return tokens_r, logp_r, _entropy(logits_rv) if sampling.entropy else None
+    logits_rc, ids_rc = candidate_logits(logits_rv, sampling, seen_rv)
     u_r = jax.random.uniform(key, logits_rv.shape[:1], jnp.float32)
     choice_r, logp_r = inverse_cdf_sample(logits_rc, u_r)
     tokens_r = choice_r if ids_rc is None else jnp.take_along_axis(ids_rc, choice_r[:, None], axis=-1)[:, 0]
@@ -250,12 +308,15 @@ def sample_logits(
     return tokens_r.astype(jnp.int32), logp_r, entropy_r
 
 
-def sampling_logprobs(logits_rv: jax.Array, tokens_r: jax.Array, sampling: SamplingParams) -> jax.Array:
-    """log q(token) [R] under the sampler's distribution for these logits (-inf if excluded)."""
+def sampling_logprobs(
+    logits_rv: jax.Array, tokens_r: jax.Array, sampling: SamplingParams, seen_rv: jax.Array | None = None
+) -> jax.Array:
+    """log q(token) [R] under the sampler's distribution for these logits (-inf if excluded); seen_rv
+    as in `sample_logits`. Greedy: the model's temperature-1 unpenalized log-prob."""
     logits_rv = logits_rv.astype(jnp.float32)
     if sampling.is_greedy:
         return jnp.take_along_axis(jax.nn.log_softmax(logits_rv, -1), tokens_r[:, None], -1)[:, 0]
-    logits_rc, ids_rc = candidate_logits(logits_rv, sampling)
+    logits_rc, ids_rc = candidate_logits(logits_rv, sampling, seen_rv)
     logq_rc = jax.nn.log_softmax(logits_rc, axis=-1)
     if ids_rc is None:
         return jnp.take_along_axis(logq_rc, tokens_r[:, None], -1)[:, 0]
@@ -273,10 +334,10 @@ def _entropy(logits_rc: jax.Array) -> jax.Array:
     return _entropy_of_shifted(logits_rc - jnp.max(logits_rc, axis=-1, keepdims=True))
 
 
-def sampling_entropy(logits_rv: jax.Array, sampling: SamplingParams) -> jax.Array:
+def sampling_entropy(logits_rv: jax.Array, sampling: SamplingParams, seen_rv: jax.Array | None = None) -> jax.Array:
     """Entropy [R] float32 of the distribution the sampler draws from at these logits: -sum q log q
-    over the candidates (temperature, top-k, top-p, min-p applied). Greedy reports the model's own
-    temperature-1 entropy, as it reports the model's log-probs. (`sample_logits` returns the same
-    alongside its draw.)"""
+    over the candidates (repetition penalty on seen_rv, temperature, top-k, top-p, min-p applied).
+    Greedy reports the model's own temperature-1 unpenalized entropy, as it reports the model's
+    log-probs. (`sample_logits` returns the same alongside its draw.)"""
     logits_rv = logits_rv.astype(jnp.float32)
-    return _entropy(logits_rv if sampling.is_greedy else candidate_logits(logits_rv, sampling)[0])
+    return _entropy(logits_rv if sampling.is_greedy else candidate_logits(logits_rv, sampling, seen_rv)[0])

@@ -16,11 +16,13 @@ N = `max_new_tokens`, V = vocab. Row r of every [R, ...] output belongs to promp
   token) is kept in the response and its mask is True. Masking only ends a response early, so the
   log-probs of the tokens kept are unchanged and still equal the teacher-forced ones.
 * Log-probs are those of the sampled token under the exact distribution it was drawn from: logits
-  divided by the temperature, restricted to the top-k, then to the top-p nucleus, renormalized.
-  With `greedy` (or temperature 0) the distribution is a point mass, so the sampler reports the
-  model's own log-prob instead (temperature 1, no truncation), which is what an off-policy
-  correction needs. At temperature 1 with no truncation they equal teacher-forced log-probs
-  (`response_logprobs`) to float32 rounding.
+  under the repetition penalty (`SamplingParams.repetition_penalty`, on the ids of the row's real
+  prompt tokens and of its tokens sampled so far: `DecodeState.seen_rv`), divided by the temperature,
+  restricted to the top-k, then to the top-p nucleus, then by min-p, renormalized.
+  With `greedy` (or temperature 0) the distribution is a point mass (the argmax of the penalized
+  logits), so the sampler reports the model's own log-prob instead (temperature 1, no penalty, no
+  truncation), which is what an off-policy correction needs. At temperature 1 with no truncation
+  and no penalty they equal teacher-forced log-probs (`response_logprobs`) to float32 rounding.
 
 The decode step itself lives in `kljax.sampling.step` (attention over the filled cache prefix only),
 the draw from each step's logits (and its log-prob and entropy) in `kljax.sampling.logits`.
@@ -46,9 +48,11 @@ from kljax.sampling import step as step_lib
 from kljax.sampling.chunks import join_rows, num_chunks, split_prompts
 from kljax.sampling.logits import (  # noqa: F401  (re-exported: the sampler's public API)
     SamplingParams,
+    mark_seen,
     sample_logits,
     sampling_entropy,
     sampling_logprobs,
+    seen_from_prompts,
 )
 from kljax.sampling.step import constrain_batch, prefill
 
@@ -82,15 +86,18 @@ class DecodeState:
     """The `lax.while_loop` carry. R rows, N = max_new_tokens.
 
     step: int32 [] tokens sampled so far; tokens_rn int32 [R, N]; logp_rn float32 [R, N];
-    entropy_rn float32 [R, N] (None unless `SamplingParams.entropy`); done_r bool [R] (a stop token was
-    sampled); positions_r int32 [R] (RoPE position of the last sampled token); cache: the KV cache
-    (see `kljax.sampling.step`); key: the PRNG key of the run.
+    entropy_rn float32 [R, N] (None unless `SamplingParams.entropy`); seen_rv bool [R, V]: the ids in
+    the row's real prompt tokens and its tokens sampled so far (None, not carried, unless the
+    repetition penalty is on); done_r bool [R] (a stop token was sampled); positions_r int32 [R] (RoPE
+    position of the last sampled token); cache: the KV cache (see `kljax.sampling.step`); key: the
+    PRNG key of the run.
     """
 
     step: jax.Array
     tokens_rn: jax.Array
     logp_rn: jax.Array
     entropy_rn: jax.Array | None
+    seen_rv: jax.Array | None
     done_r: jax.Array
     positions_r: jax.Array
     cache: Any  # step_lib.DecodeCache (CPU kernels) or the model's KVCache (plain)
@@ -216,7 +223,11 @@ def _generate_rows(
     logits_rv = constrain_batch(jnp.repeat(logits_bv, n, axis=0), mesh)
     stop_ids = jnp.asarray(sampling.stop_token_ids or (-1,), jnp.int32)
 
-    tokens0_r, logp0_r, entropy0_r = sample_logits(logits_rv, jax.random.fold_in(key, 0), sampling)
+    seen_rv = None
+    if sampling.penalizes_repeats:  # each row's own set: its prompt's ids, then its own samples
+        seen_bv = seen_from_prompts(prompt_tokens_bp, prompt_mask_bp, logits_rv.shape[1])
+        seen_rv = constrain_batch(jnp.repeat(seen_bv, n, axis=0), mesh)
+    tokens0_r, logp0_r, entropy0_r = sample_logits(logits_rv, jax.random.fold_in(key, 0), sampling, seen_rv)
     entropy_rn = None
     if sampling.entropy:
         entropy_rn = constrain_batch(jnp.zeros((r, big_n), jnp.float32).at[:, 0].set(entropy0_r), mesh)
@@ -225,6 +236,7 @@ def _generate_rows(
         tokens_rn=constrain_batch(jnp.zeros((r, big_n), jnp.int32).at[:, 0].set(tokens0_r), mesh),
         logp_rn=constrain_batch(jnp.zeros((r, big_n), jnp.float32).at[:, 0].set(logp0_r), mesh),
         entropy_rn=entropy_rn,
+        seen_rv=None if seen_rv is None else mark_seen(seen_rv, tokens0_r),
         done_r=jnp.isin(tokens0_r, stop_ids),
         positions_r=jnp.repeat(positions_bp[:, -1], n) + 1,
         cache=cache,
@@ -232,7 +244,8 @@ def _generate_rows(
     )
 
     def step_fn(state: DecodeState, logits_rv: jax.Array, cache: Any) -> DecodeState:
-        tok_r, logp_r, entropy_r = sample_logits(logits_rv, jax.random.fold_in(state.key, state.step), sampling)
+        tok_r, logp_r, entropy_r = sample_logits(logits_rv, jax.random.fold_in(state.key, state.step), sampling,
+                                                 state.seen_rv)
         entropy_rn = state.entropy_rn
         if entropy_rn is not None:
             entropy_rn = jax.lax.dynamic_update_index_in_dim(entropy_rn, entropy_r, state.step, 1)
@@ -245,6 +258,7 @@ def _generate_rows(
             tokens_rn=tokens_rn,
             logp_rn=jax.lax.dynamic_update_index_in_dim(state.logp_rn, logp_r, state.step, 1),
             entropy_rn=entropy_rn,
+            seen_rv=None if state.seen_rv is None else mark_seen(state.seen_rv, tok_r),
             done_r=done_r,
             positions_r=state.positions_r + 1,
             cache=cache,
