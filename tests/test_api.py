@@ -70,7 +70,7 @@ def test_trl_job_through_the_python_api(saved, tmp_path, layout, capsys):
     assert isinstance(result, kljax.TrainResult) and result.policy.params is not None
     assert [r["step"] for r in result.metrics] == [1, 2]
     for row in result.metrics:
-        assert row["reward"] == pytest.approx(row["reward/correct"] + 0.5 * row["reward/shorter"], abs=1e-4)
+        assert row["reward"] == pytest.approx(row["rewards/correct/mean"] + 0.5 * row["rewards/shorter/mean"], abs=1e-4)
     calls = [c for c in SEEN if "prompts" in c]
     if layout == "conversational":
         assert calls[0]["prompts"][0] == [{"role": "user", "content": calls[0]["prompts"][0][0]["content"]}]
@@ -103,7 +103,7 @@ def test_trl_job_through_the_cli(saved, tmp_path):
                              "--config.rl.max_prompt_len=8", "--config.rl.max_new_tokens=4"])
         assert code == 0, out.getvalue()[-2000:]
         (row,) = read_jsonl(tmp_path / layout / "metrics.jsonl")
-        assert "reward/correct" in row and "reward/shorter" in row
+        assert "rewards/correct/mean" in row and "rewards/shorter/mean" in row
         assert json.loads((tmp_path / layout / "config.json").read_text())["task"]["eval_splits"] == "test"
 
 

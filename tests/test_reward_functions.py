@@ -69,7 +69,7 @@ def test_weighted_sum_and_per_function_metrics(user_file):
     np.testing.assert_allclose(result.parts["uses_columns"], [1.0, 0.1, 1.2], rtol=1e-6)
     np.testing.assert_allclose(result.rewards, 0.5 * result.parts["length"] + 2 * result.parts["uses_columns"],
                                rtol=1e-6)
-    assert result.metrics["reward/length"] == pytest.approx(4 / 3)
+    assert result.metrics["rewards/length/mean"] == pytest.approx(4 / 3)
     assert result.metrics["reward_errors"] == 0
 
 
@@ -107,8 +107,8 @@ def test_skip_scores_failed_sequences_zero_and_counts_them(user_file):
     assert result.parts["raises_on_bad"].tolist() == [1.0, 0.0, 1.0]
     assert result.parts["nan_on_bad"].tolist() == [1.0, 0.0, 1.0]
     # wrong for the batch, right for each item alone: the batch's output is unusable, all of it scores 0
-    assert result.parts["short"].tolist() == [0.0, 0.0, 0.0] and result.metrics["reward/short/errors"] == 3
-    assert result.metrics["reward/raises_on_bad/errors"] == 1 and result.metrics["reward_errors"] == 5
+    assert result.parts["short"].tolist() == [0.0, 0.0, 0.0] and result.metrics["rewards/short/errors"] == 3
+    assert result.metrics["rewards/raises_on_bad/errors"] == 1 and result.metrics["reward_errors"] == 5
     with pytest.raises(ValueError, match=r"reward\.on_error='ignore' is not valid; choose one of \['raise', 'skip'\]"):
         reward_set(user_file, ["length"], on_error="ignore")
     with pytest.raises(ValueError, match=r"reward\.weights=.* has 2 values for 1 reward functions"):
@@ -122,7 +122,7 @@ def test_time_limit_in_worker_processes(user_file):
     try:
         result = rs(EXAMPLES, ["ok", "bad", "ok"])
         assert result.parts["hangs_on_bad"].tolist() == [2.0, 0.0, 2.0]
-        assert result.metrics["reward/hangs_on_bad/errors"] == 1
+        assert result.metrics["rewards/hangs_on_bad/errors"] == 1
     finally:
         rs.close()
 

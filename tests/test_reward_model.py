@@ -78,5 +78,5 @@ def test_reward_model_with_functions_on_a_mesh(tmp_path):
     alone = np.asarray(reward_scores(rm.params, rm.score, ids, mask, config=rm.config))
     np.testing.assert_allclose(result.parts["reward_model"], alone, atol=1e-5)
     np.testing.assert_allclose(result.rewards, result.parts["format"] + 0.5 * alone, atol=1e-5)
-    assert result.parts["format"].tolist() == [1.0, 0.0, 1.0] and "reward/reward_model" in result.metrics
+    assert result.parts["format"].tolist() == [1.0, 0.0, 1.0] and "rewards/reward_model/mean" in result.metrics
 

@@ -165,8 +165,8 @@ def test_ctrl_c_during_start_up_is_one_line_and_exit_130(tmp_path):
 
 def test_non_finite_reward_is_named_not_the_learning_rate():
     row = {"loss": math.nan, "grad_norm": math.nan, "pg_loss": math.nan, "kl_loss": 0.0, "reward": math.inf,
-           "reward/huge": math.inf, "reward/errors": 0.0}
+           "rewards/huge/mean": math.inf, "rewards/huge/errors": 0.0}
     message = trainer._nonfinite_message(3, 3, row, 2, Path("w"))
-    assert "non-finite reward (reward=inf, reward/huge=inf)" in message and "learning_rate" not in message
-    row["reward"] = row["reward/huge"] = 0.5
+    assert "non-finite reward (reward=inf, rewards/huge/mean=inf)" in message and "learning_rate" not in message
+    row["reward"] = row["rewards/huge/mean"] = 0.5
     assert "optim.learning_rate" in trainer._nonfinite_message(3, 3, row, 2, Path("w"))

@@ -61,6 +61,8 @@ def test_resume_equals_uninterrupted(tmp_path, overrides):
     a = stable(read_jsonl(tmp_path / "full" / "metrics.jsonl"))
     b = stable(read_jsonl(tmp_path / "split" / "metrics.jsonl"))
     assert a == b
+    tokens = [r["num_tokens"] for r in b]  # TRL's cumulative count goes on from the checkpoint, not from 0
+    assert tokens == sorted(tokens) and tokens[3] > tokens[2] > 0
 
 
 def test_async_level_samples_with_stale_params(tmp_path):

@@ -75,7 +75,7 @@ def test_evaluation_reports_each_reward_functions_mean(tiny_run):
     during = json.loads((work / "eval_step_1.json").read_text())["test"]
     assert set(during["rewards"]) == {"length", "has_seven"}
     for name in ("length", "has_seven"):
-        assert rows[0][f"eval/test/reward/{name}"] == pytest.approx(during["rewards"][name])
+        assert rows[0][f"eval/test/rewards/{name}/mean"] == pytest.approx(during["rewards"][name])
     assert 0.0 <= during["rewards"]["has_seven"] <= 1.0 and during["rewards"]["length"] > 0
     after = json.loads((work / "eval_after.json").read_text())["test"]
     assert set(after["rewards"]) == {"length", "has_seven"}
@@ -94,8 +94,8 @@ def test_wandb_offline_and_mlflow_file_store_get_the_metrics(tiny_run):
     rows = read_jsonl(work / "metrics.jsonl")
     history = {m.step: m.value for m in client.get_metric_history(ids["mlflow"], "reward")}
     assert history == pytest.approx({r["step"]: r["reward"] for r in rows})
-    assert [m.step for m in client.get_metric_history(ids["mlflow"], "eval.test.reward.length")] == [1, 2]
-    assert client.get_metric_history(ids["mlflow"], "reward.length")  # "/" -> "." in MLflow names
+    assert [m.step for m in client.get_metric_history(ids["mlflow"], "eval/test/rewards/length/mean")] == [1, 2]
+    assert client.get_metric_history(ids["mlflow"], "rewards/length/mean")  # the names W&B and TensorBoard get
     assert list((work / "tb").iterdir())
 
 

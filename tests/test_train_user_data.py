@@ -71,12 +71,13 @@ def test_what_the_run_writes(full_run):
     _, _, full, stdout = full_run
     lines = [ln for ln in stdout.splitlines() if ln.startswith("step ")]
     assert [ln.split()[1] for ln in lines] == ["1/4", "2/4", "3/4", "4/4"]
-    assert "reward/digits=" in lines[0] and "eval/test/accuracy=" in lines[1]
+    assert "rewards/digits/mean=" in lines[0] and "eval/test/accuracy=" in lines[1]
     rows = read_jsonl(full / "metrics.jsonl")
     for r in rows:
-        want = r["reward/digits"] + 2 * r["reward/exact_match"] + 0.5 * r["reward/reward_model"]
-        assert abs(r["reward"] - want) < 1e-5 and r["reward/reward_model"] != 0
+        want = r["rewards/digits/mean"] + 2 * r["rewards/exact_match/mean"] + 0.5 * r["rewards/reward_model/mean"]
+        assert abs(r["reward"] - want) < 1e-5 and r["rewards/reward_model/mean"] != 0
     assert "eval/test/accuracy" in rows[1] and "eval/test/accuracy" not in rows[0]
+    assert [r["epoch"] for r in rows] == pytest.approx([0.5, 1.0, 1.5, 2.0])  # 4 of the 8 train rows a step
     assert json.loads((full / "eval_step_2.json").read_text())["test"]["n"] == 2
     samples = [json.loads(ln) for ln in (full / "samples.jsonl").read_text().splitlines()]
     assert [s["step"] for s in samples] == [2, 2, 2, 4, 4, 4]
@@ -109,6 +110,7 @@ def test_resume_continues_the_epochs_where_they_stopped(full_run):
     assert (split / "samples.jsonl").read_text() == (full / "samples.jsonl").read_text()
     meta = json.loads(next((split / "checkpoints").glob("4/meta/metadata")).read_text())
     assert meta["data_position"] == 16
+    assert meta["num_tokens"] == want[-1]["num_tokens"] > 0  # TRL's num_tokens, checkpointed
 
 
 def test_export_loads_in_transformers_with_the_same_logits(full_run, tmp_path, capsys):

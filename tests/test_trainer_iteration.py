@@ -42,10 +42,12 @@ def test_train_is_build_then_repeated_iterations(tmp_path, overrides):
     settings = config
     run, state, ref_params = build(settings)
     snapshots, beta, rows = [ref_params] * settings.rl.async_level, float(settings.kl.beta), []
+    num_tokens = 0
     for step in range(settings.steps):
         it = iteration(run, state, ref_params, step, beta=beta, snapshots=snapshots)
         state, snapshots, beta = it.state, it.snapshots, it.beta
-        rows.append({"step": step + 1, **it.row})
+        num_tokens += it.tokens  # the loop adds TRL's num_tokens, the tokens of every step so far
+        rows.append({"step": step + 1, **it.row, "num_tokens": num_tokens})
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(summary["params"]), jax.device_get(state.params))
     logged = read_jsonl(tmp_path / "metrics.jsonl")
     assert [deterministic(r) for r in logged] == [deterministic(r) for r in rows]

@@ -68,7 +68,7 @@ def test_trl_signatures_called_by_keyword_with_ids_state_none_and_async():
     assert result.parts["with_ids_and_state"].tolist() == [301.0, 302.0, 301.0]
     assert result.parts["async_reward"].tolist() == [2.0, 2.0, 2.0]
     # None: no score for that sample, left out of its sum and of the function's mean
-    assert np.isnan(result.parts["none_for_long"][1]) and result.metrics["reward/none_for_long"] == 1.0
+    assert np.isnan(result.parts["none_for_long"][1]) and result.metrics["rewards/none_for_long/mean"] == 1.0
     np.testing.assert_allclose(result.rewards, [1 + 1 + 301 + 1 + 2, 2 + 0 + 302 + 2, 1 + 0 + 301 + 1 + 2])
 
 
@@ -229,7 +229,7 @@ def test_with_on_error_skip_hangs_cost_a_bounded_time(tmp_path):
     rs = RewardSet.from_config(c, get_task("repeat_digit"))
     try:
         result = rs(examples(16), ["x"] * 15 + ["ok"])
-        assert result.metrics["reward/hang/errors"] >= 15 and result.parts["hang"][:15].tolist() == [0.0] * 15
+        assert result.metrics["rewards/hang/errors"] >= 15 and result.parts["hang"][:15].tolist() == [0.0] * 15
         assert rs._pool.restarts <= 2 + 2 * rs._pool.num_workers + 2  # before: one hung worker per example
     finally:
         rs.close()

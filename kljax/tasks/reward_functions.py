@@ -42,8 +42,9 @@ RewardFn = Callable[..., Any]
 #   completion_ids  the sampled token ids (list[int] each, up to the stop token)
 #   trainer_state   a `TrainerState`: global_step (also `.step`), epoch (passes over the training rows so
 #                   far), max_steps
-#   log_metric, log_extra   TRL's logging hooks (`log_metric(name, value)` adds reward/NAME/name to the
-#                   step's metrics; `log_extra` is accepted and not recorded)
+#   log_metric, log_extra   TRL's logging hooks (`log_metric(name, value)` adds the step's mean of its
+#                   values under `name`, as TRL does; `log_extra` is accepted and not recorded)
+#   trainer_state is the callbacks' `transformers.TrainerState` when RLTrainer has callbacks
 CALL_NAMES = ("prompts", "completions", "completion_ids", "trainer_state", "log_metric", "log_extra")
 NOT_COLUMNS = ("prompt", "completion", "completion_ids")  # row columns TRL does not pass (the prompt is `prompts`)
 
@@ -137,7 +138,7 @@ def _unpickle(payload: bytes) -> RewardFn:
 
 
 def function_name(fn: Any) -> str:
-    """The name a reward function's metrics go under (`reward/NAME`)."""
+    """The name a reward function's metrics go under (`rewards/NAME/mean`, TRL's: its __name__)."""
     if isinstance(fn, RewardRef):
         return fn.name
     if isinstance(fn, functools.partial):

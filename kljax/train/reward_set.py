@@ -12,7 +12,7 @@ is "no score": that sample's sum leaves the function out (a sample no function s
 naming it). A function that raises, times out, returns the wrong length, a non-number, a non-finite
 value or one beyond float32's range is an error: with reward.on_error="raise" (default) a
 `RewardFunctionError` (a ValueError) names the function and the example; with "skip" the offending
-sequences score 0 for that function and are counted (`reward/NAME/errors`). When a batched call fails
+sequences score 0 for that function and are counted (`rewards/NAME/errors`). When a batched call fails
 as a whole, items are retried alone to find the failing examples (with "raise", up to the first).
 A function that calls sys.exit or os._exit, closes the run's file descriptors or is interrupted stops
 the run with one line naming it (`kljax.boundary.reward_guard`).
@@ -45,6 +45,7 @@ from kljax.tasks import reward_functions as rf
 from kljax.tasks.base import Example, Task
 from kljax.tasks.pool import NOT_RUN, Outcome, VerifierPool
 from kljax.tasks.rewards import score_batch
+from kljax.train.trl_metrics import function_metrics
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 _HOOKS = ("trainer_state", "log_metric", "log_extra")  # not per-sample: passed as they are
@@ -61,8 +62,9 @@ class RewardFunctionError(ValueError):
 @dataclasses.dataclass
 class RewardResult:
     """rewards [N] float32 (the weighted total), correct [N] bool, parts {name: [N] float32 unweighted,
-    NaN where the function gave no score}, metrics {"reward/NAME": mean over scored samples,
-    "reward/NAME/errors": count, "reward_errors": count}."""
+    NaN where the function gave no score}, metrics (TRL's names, `kljax.train.trl_metrics`):
+    {"rewards/NAME/mean", "rewards/NAME/std": over the scored samples, "rewards/NAME/errors": count
+    (reward.on_error="skip"), "reward_errors": count, and each `log_metric` name: its mean}."""
 
     rewards: np.ndarray
     correct: np.ndarray
@@ -265,12 +267,13 @@ class RewardSet:
             has = ~np.isnan(scores)
             total[has] += weight * scores[has]
             scored |= has
-            metrics[f"reward/{name}"] = float(np.mean(scores[has])) if has.any() else float("nan")
+            metrics.update(function_metrics(name, scores))  # rewards/NAME/mean and /std
             if self.on_error == "skip":
-                metrics[f"reward/{name}/errors"] = float(bad)
+                metrics[f"rewards/{name}/errors"] = float(bad)
             errors += bad
         metrics["reward_errors"] = float(errors)
-        metrics.update({f"reward/{k}": float(np.mean(v)) for k, v in log.values.items()})
+        # log_metric(name, value): the step's mean under the name as given (TRL's); never over the set's own
+        metrics = {**{k: float(np.mean(v)) for k, v in log.values.items()}, **metrics}
         self._check_total(total, scored, parts, examples, texts)
         _, correct = score_batch(self.task, list(examples), texts) if n else (None, np.zeros(0, bool))
         return RewardResult(total.astype(np.float32), np.asarray(correct, bool), parts, metrics)

@@ -62,7 +62,8 @@ class RolloutInfo:
     reward_mean: float = float("nan")  # over the whole (global) batch
     accuracy_mean: float = float("nan")
     reward_parts: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # per reward function, unweighted
-    reward_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # reward/NAME means, error counts
+    reward_metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # rewards/NAME/mean, /std, /errors
+    stopped: Array | None = None  # [B] global: the response ended with a stop (False: cut at rl.max_new_tokens)
 
 
 def prompt_texts(examples: Sequence[Example], task: Task, tokenizer: Any, prompt_format: str) -> list[str]:
@@ -256,4 +257,5 @@ def rollout(setup: RolloutSetup, examples: Sequence[Example], *, sampler_params:
     jax.block_until_ready((batch, scored))
     times["score"] = time.perf_counter() - t0
     return batch, RolloutInfo(completions, rewards, correct, scored, times, rows,
-                              float(jnp.mean(rewards_b)), float(jnp.mean(correct_b)), parts, reward_metrics)
+                              float(jnp.mean(rewards_b)), float(jnp.mean(correct_b)), parts, reward_metrics,
+                              result.stopped_r)

@@ -4,7 +4,7 @@
     sample_records(step, examples, info, batch, group_size, n)  -> the samples.jsonl rows of a step
     eval_metrics(results)                  {"eval/SPLIT/accuracy": ..., "eval/SPLIT/reward": ...,
                                            "eval/SPLIT/sampled_accuracy": ...,
-                                           "eval/SPLIT/reward/NAME": ... (each reward function)}
+                                           "eval/SPLIT/rewards/NAME/mean": ... (each reward function)}
     step_line(step, steps, row)            "step 3/10 reward=0.250 accuracy=0.125 kl_seq=0.012 ..."
 """
 
@@ -135,7 +135,7 @@ def truncate_jsonl(path: str | os.PathLike, step: int) -> str | None:
 
 def eval_metrics(results: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
     """The metrics-row entries of an evaluation: eval/SPLIT/accuracy, eval/SPLIT/reward and, with
-    reward functions, eval/SPLIT/reward/NAME (each one's mean)."""
+    reward functions, eval/SPLIT/rewards/NAME/mean (each one's mean, TRL's name)."""
     out = {}
     for split, r in results.items():
         out[f"eval/{split}/accuracy"] = float(r["accuracy"])
@@ -143,14 +143,16 @@ def eval_metrics(results: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
         if "sampled" in r:  # the accuracy of the policy trained (samples at rl.temperature)
             out[f"eval/{split}/sampled_accuracy"] = float(r["sampled"]["accuracy"])
         for name, mean in r.get("rewards", {}).items():
-            out[f"eval/{split}/reward/{name}"] = float(mean)
+            out[f"eval/{split}/rewards/{name}/mean"] = float(mean)
     return out
 
 
 def step_line(step: int, steps: int, row: Mapping[str, float]) -> str:
-    """One line for a step (for --no-progress): step, then the main metrics present in `row`."""
+    """One line for a step (for --no-progress): step, then the main metrics present in `row` (each reward
+    function's rewards/NAME/mean and the evaluations' eval/*)."""
     parts = [f"step {step}/{steps}"]
-    for key in (*LINE_KEYS, *sorted(k for k in row if k.startswith(("reward/", "eval/")) and "/errors" not in k)):
+    shown = sorted(k for k in row if k.startswith("eval/") or k.startswith("rewards/") and k.endswith("/mean"))
+    for key in (*LINE_KEYS, *shown):
         v = row.get(key)
         if isinstance(v, (int, float)):
             parts.append(f"{key}={v:.4g}" if key != "time_step" else f"{key}={v:.2f}s")

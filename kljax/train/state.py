@@ -56,6 +56,17 @@ def learning_rate_schedule(c: OptimConfig) -> optax.Schedule:
     return optax.join_schedules([warmup, after], [c.warmup_steps])
 
 
+def last_learning_rate(c: OptimConfig, opt_state: Any, skipped: bool = False) -> float:
+    """The learning rate of the last update to `opt_state` (`make_optimizer(c)`'s state): the schedule
+    at the count of updates applied before it. A skipped (non-finite) update left the count as it was."""
+    counts = [s.count for s in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, optax.ScaleByScheduleState))
+              if isinstance(s, optax.ScaleByScheduleState)]
+    if not counts:
+        return float("nan")
+    applied = int(jax.device_get(counts[-1]))
+    return float(learning_rate_schedule(c)(max(applied - (0 if skipped else 1), 0)))
+
+
 def make_optimizer(c: OptimConfig) -> optax.GradientTransformation:
     """optax.chain(clip_by_global_norm(c.max_grad_norm), adamw(...)); no clip when max_grad_norm is None.
 

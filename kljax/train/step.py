@@ -36,6 +36,7 @@ from kljax.policies.protocol import PolicyModel, as_policy
 from kljax.rl import objective as obj
 from kljax.rl.kl import KL_METRICS, KLConfig, kl_metric_sums, kl_metrics_from_sums
 from kljax.train.state import TrainState, learning_rate_schedule
+from kljax.train.trl_metrics import STEP_SUMS_INIT, step_means, step_sums
 
 Array = jax.Array
 
@@ -186,6 +187,8 @@ def _loss_fn(params: Any, mb: Batch, denominator: Array, s: StepSettings, ref_pa
         "ratio_sum": jnp.sum(jnp.exp(log_ratio) * mask),
         "ratio_max": jnp.max(jnp.where(mask > 0, log_ratio, -jnp.inf)),
         "ratio_min": jnp.min(jnp.where(mask > 0, log_ratio, jnp.inf)),
+        **step_sums(jax.lax.stop_gradient(logp), mb.sampler_logp_br, mb.ref_logp_br, mb.advantages_br, mask,
+                    s.clip_low, s.clip_high),  # TRL's kl and clip_ratio/* (`kljax.train.trl_metrics`)
     }
     if s.kl_metrics:  # sums over this micro-batch; `train_step` divides by the whole batch's counts
         sums = _batch_metric_sums(jax.lax.stop_gradient(logp), mb.ref_logp_br,
@@ -277,7 +280,7 @@ def train_step(
             (l_mb, aux_mb), g_mb = grad_fn(state.params, mb, den, settings, ref_params)
             grads = jax.tree.map(jnp.add, grads, g_mb)
         aux = {  # metrics in float32 whatever the policy's dtype (a float64 study's too)
-            k: (jnp.maximum if k == "ratio_max" else jnp.minimum if k == "ratio_min" else jnp.add)(
+            k: (jnp.maximum if k.endswith("_max") else jnp.minimum if k.endswith("_min") else jnp.add)(
                 aux[k], v.astype(jnp.float32))
             for k, v in aux_mb.items()
         }
@@ -285,7 +288,7 @@ def train_step(
 
     zeros = jax.tree.map(jnp.zeros_like, state.params)
     aux0 = {"pg_loss_sum": 0.0, "kl_loss_sum": 0.0, "clipped_sum": 0.0, "ratio_sum": 0.0,
-            "ratio_max": -jnp.inf, "ratio_min": jnp.inf}
+            "ratio_max": -jnp.inf, "ratio_min": jnp.inf, **STEP_SUMS_INIT}
     if settings.kl_metrics:
         aux0.update({f"{k}_sum": 0.0 for k in BATCH_METRICS})
     aux0 = {k: jnp.asarray(v, jnp.float32) for k, v in aux0.items()}
@@ -320,6 +323,7 @@ def train_step(
         "ratio_min": jnp.exp(aux["ratio_min"]),
         "nonfinite": 1.0 - finite.astype(jnp.float32),
         "beta": batch.beta,
+        **step_means(aux, mask),
     }
     if settings.kl_metrics:  # as `batch_kl_metrics` of a policy scoring pass
         metrics.update(_batch_metrics_from_sums({k: aux[f"{k}_sum"] for k in BATCH_METRICS}, mask))

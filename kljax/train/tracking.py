@@ -10,7 +10,8 @@ wandb        Weights & Biases (the `track` extra); files under WORKDIR/wandb. WA
              without an account (`wandb sync` uploads later); WANDB_* variables apply as usual.
 mlflow       MLflow (the `track` extra, mlflow-skinny suffices); the tracking URI is MLflow's own
              (MLFLOW_TRACKING_URI, e.g. a server, or file:DIR with MLFLOW_ALLOW_FILE_STORE=true).
-             Metric names have "." for "/" (reward.length for reward/length).
+             Metric names are the run's own, "/" included (rewards/length/mean), as W&B's and TensorBoard's;
+             characters MLflow refuses become "_" (transformers' MLflowCallback does the same).
 
 A W&B or MLflow tracker that is not installed fails the run before anything loads, in one line naming
 the extra to install (`check_installed`). The W&B run id and MLflow run id are kept in
@@ -140,9 +141,10 @@ class MlflowTracker:
 
 
 def _mlflow_key(key: str) -> str:
-    """An MLflow metric name: "/" becomes "." (a file store cannot hold both "reward" and
-    "reward/length"), anything but alphanumerics, _ - . and space becomes _."""
-    return "".join(c if c.isalnum() or c in "_-. " else "." if c == "/" else "_" for c in key)
+    """An MLflow metric name: the run's own (W&B's and TensorBoard's), with anything but ASCII
+    alphanumerics, _ - . space : and / made _ (the characters MLflow accepts in a name). kljax's names
+    never hold both "a" and "a/b", which a file store could not."""
+    return "".join(c if c.isascii() and c.isalnum() or c in "_-. :/" else "_" for c in key)
 
 
 def _flat_params(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:

@@ -45,12 +45,13 @@ from kljax.train import state as st
 from kljax.train.checkpoint import RunCheckpointer
 from kljax.train.evaluate_loop import before_results, eval_note, evaluate_splits, plan_for_run, with_deltas
 from kljax.train.events import LoopObserver, Observers
-from kljax.train.metrics import MetricsWriter, to_python
+from kljax.train.metrics import MetricsWriter, read_jsonl, to_python
 from kljax.train.resume_check import check_resume_workdir
 from kljax.train.reward_set import trainer_state
 from kljax.train.rollout import RolloutInfo, rollout
 from kljax.train.run_build import Run, build
 from kljax.train.step import Batch, batch_kl_metrics
+from kljax.train.trl_metrics import resumed_num_tokens, rollout_metrics, trl_kl_logged
 from kljax.util.owned_paths import check_claimable, claim_run_dir
 from kljax.verdicts.objective import RunObjective, warn_if_biased
 
@@ -77,7 +78,7 @@ def _step_seed(seed: int, step: int) -> int:
 
 def _nonfinite_message(n: int, step: int, row: dict[str, float], last: int | None, workdir: Path) -> str:
     kept = f"Last checkpoint: step {last} in {workdir}" if last is not None else "No checkpoint was written"
-    rewards = {k: v for k, v in row.items() if (k == "reward" or k.startswith("reward/")) and "/errors" not in k
+    rewards = {k: v for k, v in row.items() if (k == "reward" or k.startswith("rewards/") and k.endswith("/mean"))
                and isinstance(v, float) and not math.isfinite(v)}
     if rewards:  # the reward overflowed (e.g. 1e300 is inf in float32): not the learning rate's fault
         shown = ", ".join(f"{k}={v}" for k, v in rewards.items())
@@ -102,7 +103,8 @@ class Iteration:
 
     state: the train state after the update(s); snapshots: the sampler's parameter queue after it
     (unchanged when rl.async_level is 0); beta: the KL coefficient for the next iteration; row: the
-    metrics row `train` writes for this step; batch, info: what was trained on (token counts, texts).
+    metrics row `train` writes for this step; batch, info: what was trained on (token counts, texts);
+    tokens: the step's prompt + completion tokens (what TRL's num_tokens adds up).
     """
 
     state: st.TrainState
@@ -111,6 +113,7 @@ class Iteration:
     row: dict[str, float]
     batch: Batch
     info: RolloutInfo
+    tokens: int = 0
 
 
 def step_examples(run: Run, step: int) -> list[Example]:
@@ -164,7 +167,7 @@ def iteration(run: Run, state: st.TrainState, ref_params: Any, step: int, *, bet
     n_tokens = float(jnp.sum(batch.response_mask_br))
     elapsed = time.perf_counter() - t_step
     row.update(
-        reward=info.reward_mean, accuracy=info.accuracy_mean,
+        accuracy=info.accuracy_mean,
         kl_penalty=float(beta * row["kl_seq"]) if kl.in_reward else 0.0,
         time_sample=info.times["sample"], time_reward=info.times["reward"], time_score=info.times["score"],
         time_update=update_time, time_step=elapsed, tokens_per_s=n_tokens / max(elapsed, 1e-9),
@@ -172,9 +175,17 @@ def iteration(run: Run, state: st.TrainState, ref_params: Any, step: int, *, bet
     row["host_memory_mb"] = host_memory_mb()
     if run.exact is not None:  # exact/gap, exact/J, ... at the updated params, this step's beta
         row.update(run.exact(run.policy_params(state.params), beta))
-    row.update(info.reward_metrics)  # reward/NAME means and error counts (config.reward)
+    # TRL's names (`kljax.train.trl_metrics`): reward, reward_std, rewards/NAME/mean, completions/*, ...
+    trl, tokens = rollout_metrics(info, batch, rl.group_size, run.mesh)
+    row.update(trl, learning_rate=st.last_learning_rate(config.run_optim, state.opt_state, row["nonfinite"] > 0),
+               epoch=trainer_state(run.task, config.task.split, step + 1,
+                                   (step + 1) * rl.prompts_per_step + run.data_offset, config.steps).epoch)
+    if not trl_kl_logged(kl.beta, kl.placement):
+        row.pop("kl")
+    # error counts and log_metric names (config.reward); a log_metric name never replaces a metric of the run
+    row.update({k: v for k, v in info.reward_metrics.items() if k not in row})
     next_beta = float(adapt_beta(beta, row["kl_seq"], kl)) if math.isfinite(row["kl_seq"]) else beta
-    return Iteration(state, queue, next_beta, row, batch, info)
+    return Iteration(state, queue, next_beta, row, batch, info, tokens)
 
 
 def check_workdir_for_run(workdir: str | Path, resume: bool | str) -> None:
@@ -217,7 +228,7 @@ def _train(config: RunConfig, workdir: Path, resume: str | None, progress: bool,
         maxlen=max(rl.async_level, 1)
     )
     beta = float(kl.beta)
-    start = 0
+    start, num_tokens = 0, 0.0  # TRL's num_tokens: prompt + completion tokens of every step so far
     writer = MetricsWriter(workdir, config=config, resume=resuming)  # + trackers
     if resuming:
         like = _checkpoint_tree(state, snapshots)
@@ -233,6 +244,7 @@ def _train(config: RunConfig, workdir: Path, resume: str | None, progress: bool,
             check_same_base(meta.get("lora_base"), run.base_identity, where)
         snapshots = collections.deque(restored["snapshots"], maxlen=max(rl.async_level, 1))
         beta, start = float(meta["beta"]), int(meta["step"])
+        num_tokens = resumed_num_tokens(meta, read_jsonl(workdir / "metrics.jsonl") if main else [], start)
         run.data_offset = int(meta.get("data_position", start * rl.prompts_per_step)) - start * rl.prompts_per_step
         for name in ("metrics.jsonl", "samples.jsonl") if main else ():  # atomically; a cut last line is said
             note = run_logs.truncate_jsonl(workdir / name, start)
@@ -255,7 +267,8 @@ def _train(config: RunConfig, workdir: Path, resume: str | None, progress: bool,
                 run_logs.write_json(workdir / "exact_before.json", run.exact(ref_params, beta))
 
     def save(done: int) -> None:
-        meta = {"step": done, "beta": beta, "data_position": done * rl.prompts_per_step + run.data_offset}
+        meta = {"step": done, "beta": beta, "data_position": done * rl.prompts_per_step + run.data_offset,
+                "num_tokens": num_tokens if math.isfinite(num_tokens) else None}
         if run.base_identity is not None:
             meta["lora_base"] = run.base_identity
         ckpt.save(done, _checkpoint_tree(state, snapshots), meta)
@@ -274,6 +287,8 @@ def _train(config: RunConfig, workdir: Path, resume: str | None, progress: bool,
         events.on_step_begin()
         it = iteration(run, state, ref_params, step, beta=beta, snapshots=snapshots, reward_state=events.reward_state)
         state, snapshots, beta, row = it.state, it.snapshots, it.beta, it.row
+        num_tokens += it.tokens
+        row["num_tokens"] = num_tokens
         every = config.log_samples_every
         if every and (step + 1) % every == 0 and main and jax.process_count() == 1:
             records = run_logs.sample_records(step + 1, step_examples(run, step), it.info, it.batch, rl.group_size,
