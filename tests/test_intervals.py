@@ -1,6 +1,8 @@
 """The evaluation's intervals against known cases: Wilson's formula on fixed counts, the cluster
 bootstrap's coverage on simulated problems, the paired change on the same problems."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -128,3 +130,32 @@ def test_paired_deltas_pair_only_the_same_problems():
     assert set(deltas) == {"a"}
     assert deltas["a"]["greedy"]["diff"] == pytest.approx(1 / 3)
     assert deltas["a"]["sampled"]["diff"] == pytest.approx((0.5 + 0.5 + 0) / 3)
+
+
+def test_a_split_without_answers_is_scored_by_its_reward():
+    """User data whose rows have no answer to check: accuracy means nothing, so the entry carries the
+    mean reward greedy and sampled with bootstrap intervals, paired before/after, and the end-of-run
+    table shows those rows (the README's Python API example: reward 0.33 -> 1.0, accuracy 0 -> 0)."""
+    from kljax.train import evaluate_loop as el
+    from kljax.train.eval_table import change_table
+
+    plan = el.EvalPlan(splits=("test",), n_examples=6, seed=0, samples=2, temperature=0.8, max_prompt_len=8,
+                       max_new_tokens=4, rows_per_call=3, prompt_format="raw")
+
+    def outcome(greedy, sampled):
+        p = len(greedy)
+        return el.SplitOutcome([str(i) for i in range(p)], np.zeros(p, bool), np.asarray(greedy, np.float32),
+                               np.zeros((p, 2), bool), np.asarray(sampled, np.float32), {}, [""] * p, checked=False)
+
+    before = el.summarize({"test": outcome([0, 0, 1, 0, 0, 0], [[0, 0]] * 5 + [[1, 0]])}, plan)
+    after = el.with_deltas(before, el.summarize({"test": outcome([1, 1, 1, 1, 0, 1], [[1, 1]] * 5 + [[1, 0]])}, plan),
+                           plan.seed)
+    entry = after["test"]
+    assert entry["scored_by"] == "reward" and entry["reward_greedy"]["mean"] == pytest.approx(5 / 6)
+    assert entry["reward_sampled"]["mean"] == pytest.approx(11 / 12) and entry["reward_sampled"]["k"] == 2
+    change = entry["delta_vs_before"]["reward_sampled"]
+    assert change["diff"] == pytest.approx(11 / 12 - 1 / 12) and change["ci95"][0] > 0
+    table = "\n".join(change_table(before, after))
+    assert "reward, greedy" in table and "reward, sampled T=0.8" in table and "no answers" in table
+    checked = el.summarize({"test": dataclasses.replace(outcome([1], [[1, 0]]), checked=True)}, plan)["test"]
+    assert "scored_by" not in checked and "reward_greedy" not in checked

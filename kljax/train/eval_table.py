@@ -18,7 +18,7 @@ def _value(entry: Mapping[str, Any] | None) -> str:
     if not entry:
         return "-"
     lo, hi = entry["ci95"]
-    return f"{entry['accuracy']:.3f} [{lo:.3f}, {hi:.3f}]"
+    return f"{entry.get('accuracy', entry.get('mean', float('nan'))):.3f} [{lo:.3f}, {hi:.3f}]"
 
 
 def _change(entry: Mapping[str, Any] | None) -> str:
@@ -33,23 +33,29 @@ def change_table(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[st
     """The lines of the table (see the module docstring); a split evaluated without intervals (by an
     older kljax) shows its greedy accuracy only."""
     width = max([5, *(len(s) for s in after)])
-    header = f"{'split':<{width}}  {'accuracy':<16}  {'before':<21} {'after':<21} change (paired)"
+    lw = 22 if any(a.get("scored_by") == "reward" for a in after.values()) else 16
+    header = f"{'split':<{width}}  {'accuracy':<{lw}}  {'before':<21} {'after':<21} change (paired)"
     lines = [header]
     for split, a in after.items():
         b = before.get(split) or {}
         delta = a.get("delta_vs_before") or {}
-        rows = [("greedy (argmax)", "greedy")]
-        if a.get("sampled"):
-            temperature = a["sampled"].get("temperature")
-            rows.append(("sampled" + (f" T={temperature:g}" if temperature is not None else ""), "sampled"))
+        by_reward = a.get("scored_by") == "reward"  # no answers to check: the mean reward instead
+        prefix = "reward_" if by_reward else ""
+        rows = [("reward, greedy" if by_reward else "greedy (argmax)", prefix + "greedy")]
+        if a.get(prefix + "sampled"):
+            temperature = a[prefix + "sampled"].get("temperature")
+            label = ("reward, " if by_reward else "") + "sampled"
+            rows.append((label + (f" T={temperature:g}" if temperature is not None else ""), prefix + "sampled"))
         for i, (label, key) in enumerate(rows):
             name = split if i == 0 else ""
             before_entry = b.get(key) or ({"accuracy": b["accuracy"], "ci95": [float("nan")] * 2}
                                           if key == "greedy" and "accuracy" in b else None)
-            lines.append(f"{name:<{width}}  {label:<16}  {_value(before_entry):<21} {_value(a.get(key)):<21} "
+            lines.append(f"{name:<{width}}  {label:<{lw}}  {_value(before_entry):<21} {_value(a.get(key)):<21} "
                          f"{_change(delta.get(key))}")
     sizes = ", ".join(f"{split} {a['n']}" for split, a in after.items())
     lines.append(f"problems per split: {sizes}; [95% interval]; * the change's interval excludes 0")
+    if any(a.get("scored_by") == "reward" for a in after.values()):
+        lines.append("reward rows: the data has no answers to check accuracy against; its mean reward is shown")
     return lines
 
 

@@ -77,7 +77,8 @@ class EvalPlan:
 class SplitOutcome:
     """Per-problem results of one split: ids [P]; greedy_correct/greedy_reward [P]; sampled_correct /
     sampled_reward [P, samples]; greedy_parts {reward function: [P]}; greedy completions [P];
-    example: the first problem (prompt, answer) and its greedy completion."""
+    example: the first problem (prompt, answer) and its greedy completion; checked: some problem has
+    an answer to check (else accuracy means nothing and the reward is what the run is scored by)."""
 
     ids: list[str]
     greedy_correct: np.ndarray
@@ -87,6 +88,7 @@ class SplitOutcome:
     greedy_parts: dict[str, np.ndarray]
     completions: list[str]
     example: dict[str, Any] = dataclasses.field(default_factory=dict)
+    checked: bool = True
 
 
 def _call_rows(rows_per_call: int, per_prompt: int, shards: int) -> int:
@@ -148,7 +150,8 @@ def evaluate_split(policy: Any, params: Any, examples: Sequence[Example], texts:
     greedy_parts = {name: np.asarray(v).reshape(p, 1 + k)[:, 0] for name, v in parts.items()}
     example = {"prompt": examples[0].prompt, "answer": examples[0].answer, "greedy": groups[0][0]}
     return SplitOutcome([ex.id for ex in examples], correct_pn[:, 0], rewards_pn[:, 0], correct_pn[:, 1:],
-                        rewards_pn[:, 1:], greedy_parts, [g[0] for g in groups], example)
+                        rewards_pn[:, 1:], greedy_parts, [g[0] for g in groups], example,
+                        any(str(ex.answer).strip() for ex in examples))
 
 
 def evaluate_outcomes(policy: Any, params: Any, task: Any, plan: EvalPlan, score: ScoreFn, mesh: Any = None,
@@ -194,7 +197,22 @@ def summarize_split(o: SplitOutcome, plan: EvalPlan) -> dict[str, Any]:
         entry["example"] = o.example
     entry["problems"] = {"ids": list(o.ids), "greedy": o.greedy_correct.astype(int).tolist(),
                          "sampled": o.sampled_correct.astype(int).tolist()}
+    if not o.checked:  # no answers to check: the reward, with its intervals, is the score
+        entry["scored_by"] = "reward"
+        entry["reward_greedy"] = _reward_entry(o.greedy_reward[:, None], plan.seed)
+        if o.sampled_reward.shape[1]:
+            entry["reward_sampled"] = {**_reward_entry(o.sampled_reward, plan.seed),
+                                       "k": int(o.sampled_reward.shape[1]), "temperature": plan.temperature}
+        entry["problems"].update(reward_greedy=o.greedy_reward.astype(float).tolist(),
+                                 reward_sampled=o.sampled_reward.astype(float).tolist())
     return entry
+
+
+def _reward_entry(rewards_pk: np.ndarray, seed: int) -> dict[str, Any]:
+    """{"mean", "ci95", "n"} of rewards [P, k] (the bootstrap over problems)."""
+    values_pk = np.asarray(rewards_pk, np.float64)
+    lo, hi = intervals.cluster_bootstrap_interval(values_pk, seed)
+    return {"mean": float(values_pk.mean()), "ci95": [lo, hi], "n": int(values_pk.shape[0])}
 
 
 def summarize(outcomes: Mapping[str, SplitOutcome], plan: EvalPlan) -> dict[str, dict[str, Any]]:
@@ -216,6 +234,10 @@ def paired_deltas(before: Mapping[str, Any], after: Mapping[str, Any], seed: int
         sa, sb = np.asarray(pa.get("sampled", [])), np.asarray(pb.get("sampled", []))
         if sa.ndim == 2 and sa.shape[1] and sa.shape == sb.shape:
             delta["sampled"] = intervals.paired_change(sb, sa, seed)
+        for key in ("reward_greedy", "reward_sampled"):  # splits scored by their reward
+            ra, rb = np.asarray(pa.get(key, [])), np.asarray(pb.get(key, []))
+            if ra.size and ra.shape == rb.shape:
+                delta[key] = intervals.paired_change(rb.reshape(len(rb), -1), ra.reshape(len(ra), -1), seed)
         out[split] = delta
     return out
 
@@ -241,8 +263,8 @@ def eval_note(plan: EvalPlan, when: str) -> str:
     sampled = (f" + {plan.samples} samples at temperature {plan.temperature:g}" if plan.samples else "")
     sizes = ", ".join(f"{split} {plan.size(split)}" for split in plan.splits)
     total = sum(plan.size(split) for split in plan.splits) * (1 + plan.samples)
-    return (f"evaluating {when}: problems {sizes}, each greedy{sampled} (up to {total} sequences; the first "
-            "evaluation also compiles the sampler)")
+    return (f"evaluating {when}: at most {sizes} problems, each greedy{sampled} "
+            f"(up to {total} sequences; the first evaluation also compiles the sampler)")
 
 
 def scorer(task: Any, reward_set: Any = None) -> ScoreFn:
