@@ -81,7 +81,7 @@ def test_builtins_are_named_like_functions(user_file):
     assert result.parts["format"].tolist() == [1.0, 1.0, 0.0]
     with pytest.raises(ValueError, match=r"'nope' is neither a built-in \['exact_match', 'format', 'math_answer'\]"):
         parse_specs("nope")
-    with pytest.raises(ValueError, match=r"has no function 'missing'; it has \[.*'length'"):
+    with pytest.raises(ValueError, match=r"has no function 'missing' \(it has \[.*'length'"):
         parse_specs(f"{user_file}:missing")
     with pytest.raises(ValueError, match=r"file 'absent\.py'.*does not exist"):
         parse_specs("absent.py:fn")

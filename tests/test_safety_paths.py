@@ -186,7 +186,7 @@ def test_the_export_command_a_finished_run_suggests_is_accepted(run1, tmp_path, 
 
     for cwd, workdir in ((run1.parent, run1.name), (run1, ".")):
         monkeypatch.chdir(cwd)
-        line = next(x for x in output_lines(Path(workdir)) if x.strip().startswith("kljax export"))
+        line = next(x for x in output_lines(Path(workdir)) if "kljax export " in x)  # the executable, then export
         argv = shlex.split(line.split("#")[0])[1:]
         assert cli_main(argv) == 0, capsys.readouterr().err
         out = Path(argv[argv.index("--out") + 1]).resolve()
