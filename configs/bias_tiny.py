@@ -1,6 +1,6 @@
 """A seconds-long gradient-bias study for tests and smoke runs: vocabulary 3, length 3 (27 sequences).
 
-Run: kljax bias-study --config configs/bias_tiny.py --out /tmp/bias-tiny
+Run: kljax bias-study --config configs/bias_tiny.py --out runs/bias-tiny
 """
 
 import importlib.util

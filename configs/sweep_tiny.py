@@ -1,7 +1,7 @@
 """A smoke sweep on the tiny config: 3 KL configurations (k1 in reward, k3 in loss, the Rao-Blackwellized
 full-both-rtg) + no KL, one beta, one seed, 2 steps per run.
 
-    kljax sweep --config configs/sweep_tiny.py --out /tmp/sweep_tiny && kljax report /tmp/sweep_tiny
+    kljax sweep --config configs/sweep_tiny.py --out runs/sweep_tiny && kljax report runs/sweep_tiny
 """
 
 
