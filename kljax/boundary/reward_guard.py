@@ -153,6 +153,8 @@ def in_process_guard(who: str = "a reward function", active: bool = True) -> Ite
         real_start(thread)
 
     threading.Thread.start = daemon_start  # type: ignore[method-assign]
+    real_hook, held_errors = threading.excepthook, []
+    threading.excepthook = held_errors.append  # kljax's threads' errors during the call: said after it
     report_fd = None if had_faulthandler else _crash_report_fd()
     if report_fd is not None:
         try:
@@ -177,6 +179,9 @@ def in_process_guard(who: str = "a reward function", active: bool = True) -> Ite
                 os.dup2(copy, fd)
             os.close(copy)
         _held_after_last_call = {fd for fd in _open_fds() if _is_open(fd)}
-        if closed:
+        threading.excepthook = real_hook
+        if closed:  # those errors came from the closed files: the run stops saying so, once
             _quiet_after_fault()
             guard.problem = guard.problem or f"closed file descriptors {closed} that kljax had open"
+        for args in held_errors if not closed else ():
+            real_hook(args)
