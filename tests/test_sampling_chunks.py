@@ -6,6 +6,7 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
+from prompt_batches import left_padded_prompts
 
 from kljax.models import transformer as tfm
 from kljax.models.config import ModelConfig
@@ -19,14 +20,7 @@ CONFIG = ModelConfig(architecture="LlamaForCausalLM", vocab_size=61, hidden_size
 
 
 def prompts(b: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, 9, b)
-    tokens = np.zeros((b, 8), np.int32)
-    mask = np.zeros((b, 8), bool)
-    for i, n in enumerate(lengths):
-        tokens[i, 8 - n:] = rng.integers(4, CONFIG.vocab_size, n)
-        mask[i, 8 - n:] = True
-    return tokens, mask
+    return left_padded_prompts(b, CONFIG.vocab_size, 4, seed)
 
 
 def fields(result) -> dict[str, np.ndarray]:

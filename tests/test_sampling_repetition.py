@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from prompt_batches import left_padded_prompts
 
 from kljax.models import transformer as tfm
 from kljax.models.config import ModelConfig
@@ -22,14 +23,7 @@ CONFIG = ModelConfig(architecture="LlamaForCausalLM", vocab_size=61, hidden_size
 
 def prompts(b: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Left-padded prompts [B, 8] (pad id 0, itself a token the model may sample)."""
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, 9, b)
-    tokens = np.zeros((b, 8), np.int32)
-    mask = np.zeros((b, 8), bool)
-    for i, n in enumerate(lengths):
-        tokens[i, 8 - n:] = rng.integers(1, CONFIG.vocab_size, n)
-        mask[i, 8 - n:] = True
-    return tokens, mask
+    return left_padded_prompts(b, CONFIG.vocab_size, 1, seed)
 
 
 def model(kernels: str = "plain", seed: int = 0):
