@@ -170,3 +170,25 @@ def test_non_finite_reward_is_named_not_the_learning_rate():
     assert "non-finite reward (reward=inf, rewards/huge/mean=inf)" in message and "learning_rate" not in message
     row["reward"] = row["rewards/huge/mean"] = 0.5
     assert "optim.learning_rate" in trainer._nonfinite_message(3, 3, row, 2, Path("w"))
+
+
+def test_an_interrupted_run_closes_its_files(tmp_path, monkeypatch):
+    """However the loop ends (here a Ctrl-C at step 2), the trainer closes its loggers, checkpointer and
+    reward workers before the KeyboardInterrupt leaves it: the CLI then ends the process at once."""
+    from kljax.train.checkpoint import RunCheckpointer
+    from kljax.train.events import LoopObserver
+    from kljax.train.metrics import MetricsWriter
+
+    closed = []
+    for cls in (MetricsWriter, RunCheckpointer):
+        monkeypatch.setattr(cls, "close", lambda self, _c=cls, _f=cls.close: (closed.append(_c), _f(self))[1])
+
+    class CtrlCAtStep2(LoopObserver):
+        def on_step_end(self, state, control):
+            if state.global_step == 2:
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny(steps=4), tmp_path, progress=False, observers=[CtrlCAtStep2()])
+    assert MetricsWriter in closed and RunCheckpointer in closed
+    assert len(read_jsonl(tmp_path / "metrics.jsonl")) == 1  # step 2's row is written after on_step_end

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 
 from kljax.boundary.interrupts import sticky_sigint
@@ -73,6 +74,15 @@ def _command_of(argv: list[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
+def exit_after_interrupt() -> None:
+    """End the process now with status 130. A Ctrl-C can land while XLA compiles a program on a
+    background thread; the interpreter's teardown would free the client under it (a segfault after
+    the one line). What kljax opened is closed by then (the trainer closes its files however it ends)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run `kljax ARGV` (None: the command line, which first re-executes the process once with
     glibc's huge-page malloc tunable when that applies)."""
@@ -81,10 +91,13 @@ def main(argv: list[str] | None = None) -> int:
         reexec_with_malloc_tunables(sys.argv[1:])
         try:
             with sticky_sigint():  # a Ctrl-C during start-up (imports: JAX's gc callback) is not lost either
-                return main(sys.argv[1:])
+                code = main(sys.argv[1:])
         except KeyboardInterrupt:
             print("kljax: error: interrupted (Ctrl-C)", file=sys.stderr)
-            return 130
+            code = 130
+        if code == 130:
+            exit_after_interrupt()
+        return code
     command = _command_of(argv)
     parser = build_parser(command if command in COMMANDS else "")
     args, extra = parser.parse_known_args(argv)

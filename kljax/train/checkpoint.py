@@ -44,6 +44,7 @@ class RunCheckpointer:
         self.directory = Path(directory).absolute()
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=False)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
+        self._closed = False
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -151,4 +152,7 @@ class RunCheckpointer:
         return out["state"], dict(out["meta"])
 
     def close(self) -> None:
-        self._manager.close()
+        """Wait for a save in flight and release the manager; again: nothing."""
+        if not self._closed:
+            self._closed = True
+            self._manager.close()

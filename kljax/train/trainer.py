@@ -19,6 +19,7 @@ written by all processes together, files and the progress bar by process 0 only.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import math
@@ -206,7 +207,8 @@ def check_workdir_for_run(workdir: str | Path, resume: bool | str) -> None:
 
 
 def _train(config: RunConfig, workdir: Path, resume: str | None, progress: bool, stop_after: int | None,
-           functions: Sequence[Any] | None, events: Observers, reward_guard: Any) -> dict[str, Any]:
+           functions: Sequence[Any] | None, events: Observers, reward_guard: Any,
+           open_files: contextlib.ExitStack) -> dict[str, Any]:
     objective = warn_if_biased(RunObjective.from_rl(config.rl, config.kl))
     main = distributed.is_main_process()
     if main:
@@ -216,12 +218,15 @@ def _train(config: RunConfig, workdir: Path, resume: str | None, progress: bool,
     workdir.mkdir(parents=True, exist_ok=True)
     if main and not (workdir / "checkpoints").is_dir():  # a new run: never over files kljax did not write
         claim_run_dir(workdir)
-    ckpt = RunCheckpointer(workdir / "checkpoints", config.keep_checkpoints)
+    ckpt = open_files.enter_context(contextlib.closing(RunCheckpointer(workdir / "checkpoints",
+                                                                       config.keep_checkpoints)))
     latest = ckpt.latest_step()
     resuming = bool(resume and latest is not None)
     if resuming:  # every process checks (all must refuse), process 0 records; before anything compiles
         check_resume_workdir(workdir, config.to_dict(), record=main)
     run, state, ref_params = build(config, functions, reward_guard)
+    if run.reward is not None:
+        open_files.callback(run.reward.close)
     config, rl, kl = run.config, run.config.rl, run.config.kl
     snapshots: collections.deque = collections.deque(
         [ref_params if run.base is None else frozen_copy(state.params, run.policy.model)] * rl.async_level,
@@ -229,7 +234,7 @@ def _train(config: RunConfig, workdir: Path, resume: str | None, progress: bool,
     )
     beta = float(kl.beta)
     start, num_tokens = 0, 0.0  # TRL's num_tokens: prompt + completion tokens of every step so far
-    writer = MetricsWriter(workdir, config=config, resume=resuming)  # + trackers
+    writer = open_files.enter_context(contextlib.closing(MetricsWriter(workdir, config=config, resume=resuming)))
     if resuming:
         like = _checkpoint_tree(state, snapshots)
         snapshot_shardings = collections.deque([run.state_shardings.params] * len(snapshots))
@@ -380,4 +385,6 @@ def train(config: RunConfig, workdir: str | Path, resume: bool | str = False, pr
     mode = _resume_mode(resume)
     if stop_after is not None and (isinstance(stop_after, bool) or not isinstance(stop_after, int) or stop_after < 1):
         raise UserError(f"--stop-after={stop_after!r} must be an integer >= 1 (steps to run in this invocation)")
-    return _train(config, Path(workdir), mode, progress, stop_after, functions, Observers(observers), reward_guard)
+    with contextlib.ExitStack() as open_files:  # closed however the run ends: a Ctrl-C loses no row or save
+        return _train(config, Path(workdir), mode, progress, stop_after, functions, Observers(observers),
+                      reward_guard, open_files)
