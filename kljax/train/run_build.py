@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -94,12 +95,17 @@ def check_something_scores(config: RunConfig) -> None:
 
 
 def enable_compilation_cache() -> None:
-    """Persist XLA compilations across runs (a resumed or repeated run skips most compile time),
-    under $KLJAX_CACHE/xla (default ~/.cache/kljax/xla), unless JAX already has a cache directory."""
+    """Persist XLA compilations across runs (a resumed or repeated run skips most compile time) under
+    $KLJAX_CACHE/xla (default ~/.cache/kljax/xla); KLJAX_XLA_CACHE=0 turns it off. A cache directory
+    JAX already has (JAX_COMPILATION_CACHE_DIR) is left as it is."""
     if jax.config.jax_compilation_cache_dir:
         return
-    jax.config.update("jax_compilation_cache_dir", str(cache_root() / "xla"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    wanted = os.environ.get("KLJAX_XLA_CACHE", "1")
+    if wanted not in ("0", "1"):
+        raise UserError(f"KLJAX_XLA_CACHE={wanted!r}: expected 1 (persist XLA compilations) or 0 (do not)")
+    if wanted == "1":
+        jax.config.update("jax_compilation_cache_dir", str(cache_root() / "xla"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
 def under_mesh(fn: Any, mesh: Any) -> Any:
