@@ -41,3 +41,28 @@ def cli_user_error(capsys):
         return err
 
     return check
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """After a test module, drop JAX's in-memory compilations once the worker holds more than 4 GiB:
+    a worker keeps every program of every module it ran otherwise (7+ GiB each late in the suite,
+    beside the tests' kljax subprocesses on a 24 GiB machine). A later module recompiles or reads
+    the persistent cache."""
+    yield
+    if _resident_bytes() > 4 * 2**30:
+        import gc
+
+        import jax
+
+        jax.clear_caches()
+        gc.collect()
+
+
+def _resident_bytes() -> int:
+    """This process's resident memory (0 where /proc is absent)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
