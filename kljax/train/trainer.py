@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -61,6 +61,9 @@ PROGRESS_KEYS = ("reward", "accuracy", "kl_seq", "entropy")
 
 class NonFiniteError(RuntimeError):
     """Too many consecutive steps had a non-finite loss or gradient."""
+
+
+T = TypeVar("T")
 
 
 def host_memory_mb() -> float:
@@ -206,6 +209,22 @@ def check_workdir_for_run(workdir: str | Path, resume: bool | str) -> None:
                         "new run when there is none")
 
 
+def _closed_at_exit(open_files: contextlib.ExitStack, thing: T) -> T:
+    """`thing`, closed when `open_files` ends; when it ends by an error, a failing close (a logger whose
+    file the error took) is dropped so that the user reads that error."""
+
+    def close(error_type: Any, error: Any, traceback: Any) -> bool:
+        try:
+            thing.close()
+        except Exception:
+            if error_type is None:
+                raise
+        return False
+
+    open_files.push(close)
+    return thing
+
+
 def _train(config: RunConfig, workdir: Path, resume: str | None, progress: bool, stop_after: int | None,
            functions: Sequence[Any] | None, events: Observers, reward_guard: Any,
            open_files: contextlib.ExitStack) -> dict[str, Any]:
@@ -218,15 +237,14 @@ def _train(config: RunConfig, workdir: Path, resume: str | None, progress: bool,
     workdir.mkdir(parents=True, exist_ok=True)
     if main and not (workdir / "checkpoints").is_dir():  # a new run: never over files kljax did not write
         claim_run_dir(workdir)
-    ckpt = open_files.enter_context(contextlib.closing(RunCheckpointer(workdir / "checkpoints",
-                                                                       config.keep_checkpoints)))
+    ckpt = _closed_at_exit(open_files, RunCheckpointer(workdir / "checkpoints", config.keep_checkpoints))
     latest = ckpt.latest_step()
     resuming = bool(resume and latest is not None)
     if resuming:  # every process checks (all must refuse), process 0 records; before anything compiles
         check_resume_workdir(workdir, config.to_dict(), record=main)
     run, state, ref_params = build(config, functions, reward_guard)
     if run.reward is not None:
-        open_files.callback(run.reward.close)
+        _closed_at_exit(open_files, run.reward)
     config, rl, kl = run.config, run.config.rl, run.config.kl
     snapshots: collections.deque = collections.deque(
         [ref_params if run.base is None else frozen_copy(state.params, run.policy.model)] * rl.async_level,
@@ -234,7 +252,7 @@ def _train(config: RunConfig, workdir: Path, resume: str | None, progress: bool,
     )
     beta = float(kl.beta)
     start, num_tokens = 0, 0.0  # TRL's num_tokens: prompt + completion tokens of every step so far
-    writer = open_files.enter_context(contextlib.closing(MetricsWriter(workdir, config=config, resume=resuming)))
+    writer = _closed_at_exit(open_files, MetricsWriter(workdir, config=config, resume=resuming))
     if resuming:
         like = _checkpoint_tree(state, snapshots)
         snapshot_shardings = collections.deque([run.state_shardings.params] * len(snapshots))
