@@ -50,19 +50,12 @@ def _release_compiled_programs():
     beside the tests' kljax subprocesses on a 24 GiB machine). A later module recompiles or reads
     the persistent cache."""
     yield
-    if _resident_bytes() > 4 * 2**30:
+    from kljax.train.trainer import host_memory_mb
+
+    if host_memory_mb() > 4096:  # nan where /proc is absent: never
         import gc
 
         import jax
 
         jax.clear_caches()
         gc.collect()
-
-
-def _resident_bytes() -> int:
-    """This process's resident memory (0 where /proc is absent)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        return 0

@@ -336,9 +336,7 @@ def _train(config: RunConfig, workdir: Path, resume: str | None, progress: bool,
         if not progress and main:
             print(run_logs.step_line(done, config.steps, row), flush=True)
         nonfinite_run = nonfinite_run + 1 if row["nonfinite"] > 0 else 0
-        if nonfinite_run >= config.max_nonfinite_steps:
-            writer.close()
-            ckpt.close()
+        if nonfinite_run >= config.max_nonfinite_steps:  # open_files closes the writer and checkpointer
             raise NonFiniteError(_nonfinite_message(nonfinite_run, done, row, ckpt.latest_step(), workdir))
         bar.set_postfix({k: f"{row[k]:.3g}" for k in (*PROGRESS_KEYS, "exact/gap") if k in row})
         stopping = (stop_after is not None and done - start >= stop_after) or control.should_training_stop
